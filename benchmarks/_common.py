@@ -1,0 +1,246 @@
+"""Shared pieces of the benchmark tools: workloads, exact FLOP counts, tables, versions.
+
+Host only: nothing here touches a GPU or imports vLLM, so CPU tests and `--dry-run` use it freely.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.metadata
+import json
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# --------------------------------------------------------------------------------------------
+# Workloads
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Per-GPU attention shape of one model (query heads, KV heads, head dim)."""
+
+    name: str
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+
+MODELS: dict[str, ModelShape] = {
+    m.name: m
+    for m in (
+        ModelShape("llama-3.1-8b", 32, 8, 128),
+        ModelShape("llama-3.2-1b", 32, 8, 64),
+        ModelShape("llama-3.1-70b-tp4", 16, 2, 128),
+        ModelShape("llama-3.1-70b-tp8", 8, 1, 128),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One batch: `specs` holds (q_len, k_len) per request; k_len counts the query tokens too."""
+
+    name: str
+    group: str
+    label: str
+    specs: tuple[tuple[int, int], ...]
+
+    @property
+    def num_q_tokens(self) -> int:
+        return sum(q for q, _ in self.specs)
+
+    @property
+    def max_q(self) -> int:
+        return max(q for q, _ in self.specs)
+
+    @property
+    def max_k(self) -> int:
+        return max(k for _, k in self.specs)
+
+
+def _k(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def _fresh(seqlen: int, batch: int) -> Case:
+    return Case(
+        f"fresh-{_k(seqlen)}x{batch}",
+        "fresh",
+        f"{_k(seqlen)} × {batch}",
+        ((seqlen, seqlen),) * batch,
+    )
+
+
+CHUNK_Q = 2048
+CHUNK_TOTAL_CONTEXT = 32768
+
+
+def _chunked(context: int) -> Case:
+    # As in the anchors table: `context` keys per request *including* the 2k chunk at its end
+    # (prefix = context - 2k), 32k context tokens in the batch where that fits.
+    batch = max(1, CHUNK_TOTAL_CONTEXT // context)
+    return Case(
+        f"chunk2k-ctx{_k(context)}x{batch}",
+        "chunked",
+        f"2k chunk, ctx {_k(context)} × {batch}",
+        ((CHUNK_Q, context),) * batch,
+    )
+
+
+def _mixed() -> Case:
+    specs = ((16384, 16384),) + ((512, 512),) * 31
+    return Case("mixed-16k+31x512", "mixed", "16k + 31 × 512", specs)
+
+
+FRESH_16K = [_fresh(s, 16384 // s) for s in (512, 1024, 2048, 4096, 8192, 16384)]
+CASES: dict[str, Case] = {
+    c.name: c
+    for c in (
+        *FRESH_16K,
+        _fresh(32768, 1),
+        *(_chunked(ctx) for ctx in (4096, 8192, 16384, 32768, 65536)),
+        _mixed(),
+    )
+}
+
+CASE_GROUPS: dict[str, list[str]] = {
+    # The anchors file's kernel tables: fresh 16k tokens, and the 2k chunk up to 32k context.
+    "baseline": [c.name for c in FRESH_16K]
+    + [f"chunk2k-ctx{_k(x)}x{CHUNK_TOTAL_CONTEXT // x}" for x in (4096, 8192, 16384, 32768)],
+    "fresh": [n for n, c in CASES.items() if c.group == "fresh"],
+    "chunked": [n for n, c in CASES.items() if c.group == "chunked"],
+    "mixed": [n for n, c in CASES.items() if c.group == "mixed"],
+    "all": list(CASES),
+    "quick": ["fresh-2kx8", "chunk2k-ctx8kx4", "mixed-16k+31x512"],
+}
+
+
+def split_list(text: str | None) -> list[str]:
+    return [t.strip() for t in (text or "").split(",") if t.strip()]
+
+
+def resolve_names(text: str, known: Iterable[str], groups: dict[str, list[str]] | None = None):
+    """Expand a comma list of names and group names; unknown names raise ValueError."""
+    known = list(known)
+    out: list[str] = []
+    for item in split_list(text):
+        names = (groups or {}).get(item, [item])
+        for name in names:
+            if name not in known:
+                raise ValueError(f"unknown name {name!r}; choose from {', '.join(known)}")
+            if name not in out:
+                out.append(name)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# FLOPs: exact bottom-right causal pair counts
+
+
+def causal_pairs(q_len: int, k_len: int) -> int:
+    """Visible (query, key) pairs of one request: query j sees keys [0, k_len - q_len + j]."""
+    if q_len <= 0 or k_len <= 0:
+        return 0
+    offset = k_len - q_len
+    first = max(0, -offset)  # first query row that sees at least one key
+    lo = offset + first + 1  # keys seen by that row
+    if lo > k_len:
+        return 0
+    count = k_len - lo + 1
+    return (lo + k_len) * count // 2
+
+
+def case_pairs(specs: Sequence[tuple[int, int]]) -> int:
+    return sum(causal_pairs(q, k) for q, k in specs)
+
+
+def attention_flops(specs: Sequence[tuple[int, int]], num_q_heads: int, head_dim: int) -> int:
+    """4 FLOPs per visible pair, per query head, per head-dim element (QK^T and PV matmuls)."""
+    return 4 * case_pairs(specs) * num_q_heads * head_dim
+
+
+# --------------------------------------------------------------------------------------------
+# Tables and files
+
+
+def fmt_num(value, digits: int = 0) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, str):
+        return value
+    if value != value:  # NaN
+        return "nan"
+    return f"{value:,.{digits}f}"
+
+
+def short_error(text: str, limit: int = 60) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    for row in rows:
+        cells = [str(c).replace("|", "\\|").replace("\n", " ") for c in row]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fields: list[str] = []
+    for row in rows:
+        fields += [k for k in row if k not in fields]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Environment
+
+
+def package_version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+    except Exception as exc:  # noqa: BLE001 - a broken dist-info must not stop a benchmark
+        return f"unknown ({exc})"
+
+
+def software_versions(dists: Sequence[str]) -> dict[str, str]:
+    versions = {"python": sys.version.split()[0]}
+    for dist in dists:
+        versions[dist] = package_version(dist)
+    return versions
+
+
+def gpu_description() -> str:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return "no CUDA device"
+        props = torch.cuda.get_device_properties(0)
+        mem = props.total_memory / 2**30
+        return f"{props.name} ({props.multi_processor_count} SMs, {mem:.0f} GiB)"
+    except Exception as exc:  # noqa: BLE001
+        return f"unknown ({exc})"

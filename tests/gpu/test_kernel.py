@@ -1,0 +1,154 @@
+"""GPU correctness of the SM90 paged prefill kernel against the fp32 reference."""
+
+import math
+
+import pytest
+import torch
+
+from vllm_fa4.kernels.config import KernelKey, tile_shape, tokens_per_tile
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def build_work_tiles(cu_seqlens_q, seqused_k, num_kv_heads, head_dim, qpk, device):
+    """(batch, kv_head, m_block, cost) rows, longest first; q_len == 0 requests get none."""
+    _, tile_n = tile_shape(head_dim)
+    tpt = tokens_per_tile(head_dim, qpk)
+    cu = cu_seqlens_q.tolist()
+    ks = seqused_k.tolist()
+    rows = []
+    for b in range(len(ks)):
+        q_len, k_len = cu[b + 1] - cu[b], ks[b]
+        for m in range(math.ceil(q_len / tpt)):
+            last = min((m + 1) * tpt, q_len) - 1
+            cost = max(0, math.ceil((k_len - q_len + last + 1) / tile_n))
+            for h in range(num_kv_heads):
+                rows.append((b, h, m, cost))
+    rows.sort(key=lambda r: -r[3])
+    return torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1, 4)
+
+
+def run_case(specs, hq, hkv, hd, page, dtype, seed=0, check_lse=True, q_pad=0):
+    from vllm_fa4.kernels.compile import prefill_forward
+    from vllm_fa4.testing import cases, checks, reference
+
+    case = cases.make_paged_case(specs, hq, hkv, hd, page, dtype, "cuda", seed=seed)
+    q = case.q
+    if q_pad:  # token stride > Hq*D, like vLLM's q view of the fused qkv
+        big = torch.randn(q.shape[0], hq * hd + q_pad, dtype=dtype, device="cuda")
+        big[:, : hq * hd] = q.reshape(q.shape[0], -1)
+        q = big[:, : hq * hd].view(q.shape[0], hq, hd)
+    qpk = hq // hkv
+    key = KernelKey(DTYPES[dtype], hd, page, qpk)
+    work = build_work_tiles(case.cu_seqlens_q, case.seqused_k, hkv, hd, qpk, "cuda")
+    out = torch.full_like(q, float("nan")).contiguous()
+    lse = torch.full((hq, q.shape[0]), float("nan"), dtype=torch.float32, device="cuda")
+    if work.shape[0]:
+        prefill_forward(
+            key,
+            q,
+            case.k_cache,
+            case.v_cache,
+            out,
+            lse if check_lse else None,
+            case.cu_seqlens_q,
+            case.seqused_k,
+            case.page_table,
+            work,
+            case.softmax_scale,
+        )
+    torch.cuda.synchronize()
+    args = (
+        q,
+        case.k_cache,
+        case.v_cache,
+        case.cu_seqlens_q,
+        case.seqused_k,
+        case.page_table,
+        case.softmax_scale,
+    )
+    ref, ref_lse = reference.paged_attention_reference(*args)
+    lowp, _ = reference.paged_attention_reference(*args, compute_dtype=dtype)
+    checks.assert_attention_close(out, ref, lowp, cu_seqlens_q=case.cu_seqlens_q)
+    if check_lse:
+        checks.assert_lse_close(lse, ref_lse)
+    return out, lse, (key, q, case, work)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hd", [64, 128, 256])
+@pytest.mark.parametrize("page", [16, 32, 64, 128])
+def test_dtype_hd_page(dtype, hd, page):
+    run_case([(300, 300), (77, 77), (1, 1), (129, 129)], 8, 2, hd, page, dtype)
+
+
+@pytest.mark.parametrize("hq,hkv", [(8, 8), (16, 4), (32, 4), (12, 4)])  # qpk 1, 4, 8, 3
+@pytest.mark.parametrize("hd", [64, 128, 256])
+def test_gqa(hq, hkv, hd):
+    run_case([(200, 200), (45, 45), (130, 130)], hq, hkv, hd, 16, torch.bfloat16)
+
+
+@pytest.mark.parametrize("page", [16, 64])
+@pytest.mark.parametrize("hd", [128, 256])
+def test_chunked_prefix(page, hd):
+    # q_len < k_len: chunked prefill and prefix-cache hits, partial last pages.
+    run_case([(100, 1000), (1, 517), (257, 300), (64, 64 + 128)], 32, 8, hd, page, torch.bfloat16)
+
+
+def test_tiny_and_many_short():
+    run_case([(1, 1)] * 3 + [(2, 5), (3, 3), (1, 17)] * 20, 32, 8, 128, 16, torch.bfloat16)
+
+
+def test_zero_len_request_skipped():
+    run_case([(50, 50), (0, 40), (33, 90)], 32, 8, 128, 16, torch.bfloat16)
+
+
+def test_big_batch():
+    specs = [
+        (int(q), int(q) + int(p))
+        for q, p in zip(
+            torch.randint(1, 700, (48,), generator=torch.Generator().manual_seed(1)),
+            torch.randint(0, 900, (48,), generator=torch.Generator().manual_seed(2)),
+        )
+    ]
+    run_case(specs, 32, 8, 128, 16, torch.bfloat16, check_lse=False)
+
+
+def test_strided_q():
+    run_case([(130, 400), (70, 70)], 32, 8, 128, 16, torch.bfloat16, q_pad=8 * 128 * 2)
+
+
+def test_no_lse():
+    run_case([(150, 150)], 16, 4, 128, 16, torch.bfloat16, check_lse=False)
+
+
+def test_long_context_64k():
+    run_case([(512, 65536 + 100), (256, 256)], 16, 2, 128, 16, torch.bfloat16)
+
+
+def test_bit_identical_twice():
+    out1, lse1, (key, q, case, work) = run_case(
+        [(700, 1500), (90, 90)], 32, 8, 128, 16, torch.bfloat16
+    )
+    from vllm_fa4.kernels.compile import prefill_forward
+
+    out2 = torch.full_like(out1, float("nan"))
+    lse2 = torch.full_like(lse1, float("nan"))
+    prefill_forward(
+        key,
+        q,
+        case.k_cache,
+        case.v_cache,
+        out2,
+        lse2,
+        case.cu_seqlens_q,
+        case.seqused_k,
+        case.page_table,
+        work,
+        case.softmax_scale,
+    )
+    torch.cuda.synchronize()
+    assert torch.equal(out1.view(torch.int16), out2.view(torch.int16))
+    assert torch.equal(lse1, lse2)

@@ -1,0 +1,90 @@
+"""Capability checks: what FA4 accepts, and the startup reasons it gives for what it refuses."""
+
+import pytest
+import torch
+
+import vllm_fa4
+
+vllm_fa4.register()
+
+from vllm.platforms.interface import DeviceCapability  # noqa: E402
+from vllm.v1.attention.backend import AttentionType  # noqa: E402
+
+from vllm_fa4.backend import FA4AttentionBackend, FA4AttentionImpl  # noqa: E402
+
+HOPPER = DeviceCapability(9, 0)
+GOOD = dict(head_size=128, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=16,
+            use_mla=False, has_sink=False, use_sparse=False, use_mm_prefix=False,
+            use_per_head_quant_scales=False, device_capability=HOPPER,
+            attn_type=AttentionType.DECODER)
+
+
+@pytest.fixture(autouse=True)
+def _config(vllm_config):
+    return vllm_config
+
+
+def reasons(**changes):
+    return FA4AttentionBackend.validate_configuration(**{**GOOD, **changes})
+
+
+def test_name_matches_enum_member():
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    assert AttentionBackendEnum[FA4AttentionBackend.get_name()].get_class() is FA4AttentionBackend
+
+
+@pytest.mark.parametrize("head_size", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("block_size", [16, 32, 64, 128, 256])
+def test_supported_configurations_pass(head_size, dtype, block_size):
+    assert reasons(head_size=head_size, dtype=dtype, block_size=block_size) == []
+
+
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        (dict(has_sliding_window=True), "sliding window"),
+        (dict(has_sink=True), "sinks"),
+        (dict(kv_cache_dtype="fp8"), "kv_cache_dtype"),
+        (dict(head_size=96), "head_size"),
+        (dict(dtype=torch.float32), "dtype"),
+        (dict(block_size=8), "block_size"),
+        (dict(device_capability=DeviceCapability(8, 0)), "compute capability"),
+        (dict(device_capability=DeviceCapability(10, 0)), "compute capability"),
+        (dict(attn_type=AttentionType.ENCODER_ONLY), "attention type"),
+        (dict(attn_type=AttentionType.ENCODER_DECODER), "attention type"),
+        (dict(use_non_causal=True), "non-causal"),
+        (dict(use_mla=True), "MLA"),
+        (dict(use_mm_prefix=True), "multimodal"),
+        (dict(use_batch_invariant=True), "batch invariance"),
+    ],
+)
+def test_rejections_name_the_feature_and_the_alternative(changes, words):
+    found = reasons(**changes)
+    assert len(found) == 1, found
+    assert words in found[0] and found[0].startswith("FA4:") and "FLASH_ATTN" in found[0]
+
+
+def test_kv_cache_shape_is_flash_attn_layout():
+    assert FA4AttentionBackend.get_kv_cache_shape(10, 16, 8, 128) == (10, 8, 16, 256)
+
+
+IMPL_ARGS = dict(num_heads=32, head_size=128, scale=128**-0.5, num_kv_heads=8,
+                 alibi_slopes=None, sliding_window=None, kv_cache_dtype="auto")
+
+
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        (dict(alibi_slopes=[0.5] * 32), "ALiBi"),
+        (dict(sliding_window=4096), "sliding window"),
+        (dict(logits_soft_cap=30.0), "soft cap"),
+        (dict(sinks=torch.zeros(32)), "sinks"),
+        (dict(kv_cache_dtype="fp8"), "kv_cache_dtype"),
+        (dict(attn_type=AttentionType.ENCODER), "attention type"),
+    ],
+)
+def test_impl_refuses_at_construction(changes, words):
+    with pytest.raises(NotImplementedError, match=words):
+        FA4AttentionImpl(**{**IMPL_ARGS, **changes})

@@ -1,0 +1,92 @@
+"""Invariants of the vLLM-shaped paged test cases."""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_fa4.testing.cases import PagedCase, make_paged_case
+
+SPECS = [(5, 40), (0, 7), (17, 17), (1, 130), (33, 100)]
+
+
+def _case(**kw) -> PagedCase:
+    args = dict(specs=SPECS, num_q_heads=8, num_kv_heads=2, head_dim=32, page_size=16,
+                dtype=torch.bfloat16, device="cpu", seed=3)
+    args.update(kw)
+    return make_paged_case(**args)
+
+
+def test_shapes_and_metadata():
+    c = _case()
+    total_q = sum(s[0] for s in SPECS)
+    assert c.q.shape == (total_q, 8, 32) and c.q.dtype == torch.bfloat16
+    assert c.kv_cache.shape[1:] == (16, 2, 64)
+    assert c.kv_cache_vllm.shape == (c.num_blocks, 2, 16, 64)
+    assert c.cu_seqlens_q.tolist() == [0, 5, 5, 22, 23, 56]
+    assert c.seqused_k.tolist() == [40, 7, 17, 130, 100]
+    assert c.cu_seqlens_q.dtype == c.seqused_k.dtype == c.page_table.dtype == torch.int32
+    assert torch.equal(c.query_start_loc_cpu, c.cu_seqlens_q.cpu())
+    assert torch.equal(c.seq_lens_cpu, c.seqused_k.cpu())
+    assert c.page_table is c.block_table
+    assert c.page_table.shape[0] == 5 and c.page_table.shape[1] > 9  # 130/16 -> 9 + slack
+    assert c.softmax_scale == 32**-0.5
+    assert c.max_seqlen_q == 33 and c.max_seqlen_k == 130
+
+
+def test_q_is_a_noncontiguous_view():
+    c = _case()
+    assert not c.q.is_contiguous()
+    assert c.q.stride(2) == 1 and c.q.stride(1) == 32 and c.q.stride(0) > 8 * 32
+
+
+def test_k_v_are_views_of_the_packed_cache():
+    c = _case()
+    assert c.k_cache.data_ptr() == c.kv_cache.data_ptr()
+    assert c.v_cache.data_ptr() == c.kv_cache.data_ptr() + 32 * c.kv_cache.element_size()
+    assert c.k_cache.stride() == (16 * 2 * 64, 2 * 64, 64, 1)
+
+
+def test_block_ids_null_block_and_permutation():
+    c = _case()
+    pages = [-(-k // 16) for _, k in SPECS]
+    used = []
+    for b, n in enumerate(pages):
+        row = c.block_table[b].tolist()
+        assert all(x > 0 for x in row[:n]), "request blocks must avoid the null block 0"
+        assert all(x == 0 for x in row[n:]), "unused table entries must be the null block"
+        used += row[:n]
+    assert len(set(used)) == len(used) == sum(pages)
+    assert used != sorted(used), "block ids should be permuted"
+    assert c.num_blocks > 1 + sum(pages), "spare blocks expected"
+
+
+def test_unused_slots_are_nan_and_used_slots_are_finite():
+    c = _case()
+    flat = c.kv_cache.view(-1, 2, 64).float()
+    used = torch.zeros(flat.shape[0], dtype=torch.bool)
+    for b, (_, k_len) in enumerate(SPECS):
+        for t in range(k_len):
+            used[int(c.block_table[b, t // 16]) * 16 + t % 16] = True
+    assert torch.isfinite(flat[used]).all()
+    assert torch.isnan(flat[~used]).all()
+    assert torch.isnan(c.kv_cache[0]).all(), "null block must be poisoned"
+    # partial last page: request 0 has 40 keys -> slots 8..15 of its 3rd page are NaN
+    last = int(c.block_table[0, 2])
+    assert torch.isfinite(c.kv_cache[last, :8].float()).all()
+    assert torch.isnan(c.kv_cache[last, 8:].float()).all()
+
+
+def test_no_poison_option_and_slot_mapping():
+    c = _case(poison_unused=False, extra_blocks=0)
+    assert torch.isfinite(c.kv_cache.float()).all()
+    assert c.num_blocks == 1 + sum(-(-k // 16) for _, k in SPECS)
+    # slot_mapping: cache slot of each new (query) token = the last q_len keys of its request
+    assert c.slot_mapping.shape == (c.num_tokens,)
+    t = 40 - 5  # first new token of request 0
+    assert int(c.slot_mapping[0]) == int(c.block_table[0, t // 16]) * 16 + t % 16
+
+
+def test_seed_is_deterministic_and_new_out_is_poisoned():
+    a, b = _case(seed=7), _case(seed=7)
+    assert torch.equal(a.q, b.q) and torch.equal(a.block_table, b.block_table)
+    assert torch.isnan(a.new_out()).all() and a.new_out().shape == a.q.shape

@@ -1,0 +1,70 @@
+"""Compile-only tests for the SM90 prefill kernel (CPU, no GPU needed)."""
+
+import os
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import textwrap  # noqa: E402
+
+import pytest  # noqa: E402
+
+from vllm_fa4.kernels.config import KernelKey  # noqa: E402
+
+# Representative matrix (~30 variants): every dtype x head_dim at page 16 / qpk 4, every page
+# size at bf16 / hd128 / qpk 4, odd and extreme GQA groups at bf16 / hd128 / page 16.
+KEYS = sorted(
+    {KernelKey(dt, hd, 16, 4) for dt in ("bfloat16", "float16") for hd in (64, 128, 256)}
+    | {KernelKey("bfloat16", 128, ps, 4) for ps in (16, 32, 64, 128)}
+    | {KernelKey("bfloat16", 128, 16, qpk) for qpk in (1, 3, 8)}
+    | {KernelKey("bfloat16", 256, ps, 4) for ps in (16, 128)},
+    key=repr,
+)
+
+
+@pytest.mark.parametrize("key", KEYS, ids=repr)
+def test_compile_key(key):
+    from vllm_fa4.kernels.compile import compile_kernel
+
+    assert compile_kernel(key, has_lse=True) is not None
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_compile_variants(overlap):
+    from vllm_fa4.kernels.compile import compile_kernel
+
+    key = KernelKey("bfloat16", 128, 16, 4)
+    assert compile_kernel(key, has_lse=False, overlap=overlap) is not None
+
+
+def test_disk_cache_roundtrip(tmp_path):
+    """Export through compile_keys, then load the entry in a fresh process (no GPU needed
+    to load a module; calling it would need one)."""
+    env = dict(os.environ, VLLM_FA4_CACHE_DIR=str(tmp_path), CUTE_DSL_ARCH="sm_90a")
+    script = textwrap.dedent(
+        """
+        import sys
+        from vllm_fa4.kernels import compile as c
+        from vllm_fa4.kernels.config import KernelKey
+        key = KernelKey("bfloat16", 128, 16, 4)
+        path = c._entry_path((key, False, c.INTRA_WG_OVERLAP))
+        existed = path.exists()
+        called = []
+        orig = c.compile_kernel
+        c.compile_kernel = lambda *a, **k: (called.append(1), orig(*a, **k))[1]
+        c.compile_keys([key])
+        print("EXISTED", existed, "COMPILED", bool(called))
+        """
+    )
+    first = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "EXISTED False COMPILED True" in first.stdout
+    assert list(tmp_path.glob("*.o")), "no cache entry written"
+    second = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "EXISTED True COMPILED False" in second.stdout, second.stdout + second.stderr[-2000:]

@@ -1,0 +1,162 @@
+"""run_prefill on CPU: validation, route selection, and the reference route's output."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import pytest
+import torch
+
+from vllm_fa4.kernels.config import KernelKey
+from vllm_fa4.paged_prefill import plan_prefill, run_prefill, select_route, split_kv_cache
+from vllm_fa4.paged_prefill import run as run_mod
+from vllm_fa4.testing.cases import make_paged_case
+from vllm_fa4.testing.reference import paged_attention_reference
+
+KEY = KernelKey("bfloat16", 128, 16, 4, True)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_routes(monkeypatch):
+    monkeypatch.delenv(run_mod.ROUTE_ENV, raising=False)
+    run_mod._clear_route_cache()
+    yield
+    run_mod._clear_route_cache()
+
+
+def _setup(specs=((5, 40), (0, 7), (17, 17), (33, 100)), hq=8, hkv=2, d=64, page=16,
+           dtype=torch.bfloat16):
+    case = make_paged_case(list(specs), hq, hkv, d, page, dtype, "cpu", seed=11)
+    plan = plan_prefill(
+        case.query_start_loc_cpu, case.seq_lens_cpu, cu_seqlens_q=case.cu_seqlens_q,
+        seqused_k=case.seqused_k, page_table=case.page_table, num_q_heads=hq,
+        num_kv_heads=hkv, head_dim=d, page_size=page, dtype=dtype, device="cpu",
+    )
+    return case, plan
+
+
+def test_reference_route_matches_reference(caplog):
+    case, plan = _setup()
+    k, v = split_kv_cache(case.kv_cache_vllm, case.head_dim)
+    out = case.new_out()
+    lse = torch.full((case.num_q_heads, case.num_tokens), float("nan"))
+    with caplog.at_level(logging.INFO, logger="vllm_fa4"):
+        run_prefill(plan, case.q, k, v, out, softmax_scale=case.softmax_scale, lse=lse)
+    assert any("reference" in r.getMessage() for r in caplog.records)
+    ref, ref_lse = paged_attention_reference(
+        case.q, case.k_cache, case.v_cache, case.cu_seqlens_q, case.seqused_k, case.page_table,
+        case.softmax_scale,
+    )
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, ref.to(out.dtype))
+    torch.testing.assert_close(lse, ref_lse)
+
+
+def test_route_is_reference_on_cpu_and_logged_once(caplog):
+    with caplog.at_level(logging.INFO, logger="vllm_fa4"):
+        assert select_route(KEY, torch.device("cpu")) == "reference"
+        assert select_route(KEY, torch.device("cpu")) == "reference"
+    msgs = [r for r in caplog.records if r.name == "vllm_fa4"]
+    assert len(msgs) == 1 and "not a CUDA GPU" in msgs[0].getMessage()
+
+
+def test_forced_kernel_route_raises_without_gpu(monkeypatch):
+    monkeypatch.setenv(run_mod.ROUTE_ENV, "kernel")
+    with pytest.raises(RuntimeError, match="VLLM_FA4_PREFILL_ROUTE=kernel.*not a CUDA GPU"):
+        select_route(KEY, "cpu")
+    case, plan = _setup()
+    with pytest.raises(RuntimeError, match="no FA4 prefill kernel"):
+        run_prefill(plan, case.q, case.k_cache, case.v_cache, case.new_out(),
+                    softmax_scale=case.softmax_scale)
+
+
+def test_bad_route_env(monkeypatch):
+    monkeypatch.setenv(run_mod.ROUTE_ENV, "fast")
+    with pytest.raises(ValueError, match="expected one of"):
+        select_route(KEY, "cpu")
+
+
+class _FakeCompile:
+    """Stands in for vllm_fa4.kernels.compile on a pretend SM90 device."""
+
+    def __init__(self):
+        self.calls = []
+
+    def prefill_forward(self, *args):
+        self.calls.append(args)
+
+
+@pytest.fixture
+def fake_sm90(monkeypatch):
+    fake = _FakeCompile()
+    monkeypatch.setitem(sys.modules, "vllm_fa4.kernels.compile", fake)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    return fake
+
+
+def test_kernel_route_when_available(fake_sm90, caplog):
+    with caplog.at_level(logging.INFO, logger="vllm_fa4"):
+        assert select_route(KEY, "cuda:0") == "kernel"
+    assert any("-> kernel" in r.getMessage() for r in caplog.records)
+
+
+def test_forced_reference_warns_when_kernel_exists(fake_sm90, monkeypatch, caplog):
+    monkeypatch.setenv(run_mod.ROUTE_ENV, "reference")
+    with caplog.at_level(logging.INFO, logger="vllm_fa4"):
+        assert select_route(KEY, "cuda:0") == "reference"
+    warn = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert warn and "although a compiled kernel exists" in warn[0].getMessage()
+
+
+def test_unsupported_key_on_gpu_falls_back_loudly(fake_sm90, caplog):
+    key = KernelKey("bfloat16", 96, 16, 4, True)
+    with caplog.at_level(logging.INFO, logger="vllm_fa4"):
+        assert select_route(key, "cuda:0") == "reference"
+    warn = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert warn and "head dim 96" in warn[0].getMessage()
+
+
+def test_kernel_route_passes_contract_arguments(monkeypatch):
+    fake = _FakeCompile()
+    case, plan = _setup(d=128)
+    monkeypatch.setattr(run_mod, "select_route", lambda key, device: "kernel")
+    monkeypatch.setattr(run_mod, "_compile_module", fake)
+    out, lse = case.new_out(), torch.empty(case.num_q_heads, case.num_tokens)
+    run_prefill(plan, case.q, case.k_cache, case.v_cache, out, softmax_scale=0.5, lse=lse)
+    (args,) = fake.calls
+    assert args[0] == plan.key and args[1] is case.q and args[4] is out and args[5] is lse
+    assert args[6] is plan.cu_seqlens_q and args[7] is plan.seqused_k
+    assert args[8] is plan.page_table and args[9] is plan.work_tiles and args[10] == 0.5
+
+
+def test_validation_errors():
+    case, plan = _setup()
+    q, k, v, out = case.q, case.k_cache, case.v_cache, case.new_out()
+    s = case.softmax_scale
+
+    def bad(match, **kw):
+        args = dict(q=q, k_cache=k, v_cache=v, out=out)
+        args.update(kw)
+        with pytest.raises(ValueError, match=match):
+            run_prefill(plan, args["q"], args["k_cache"], args["v_cache"], args["out"],
+                        softmax_scale=kw.get("softmax_scale", s), lse=kw.get("lse"))
+
+    bad(r"q has shape \(54, 8, 64\), expected \(55, 8, 64\)", q=q[:-1])
+    bad("q has dtype torch.float16", q=q.half())
+    bad(r"out has shape", out=out[:, :4])
+    bad("out has dtype", out=out.float())
+    bad("k_cache has shape", k_cache=k[:, :8])
+    bad(r"v_cache has shape .* expected", v_cache=v[:, :, :1])
+    bad("k_cache must be", k_cache=k[0])
+    bad("contiguous last dim", q=q.transpose(1, 2).contiguous().transpose(1, 2))
+    bad("lse must be", lse=torch.empty(8, 3))
+    bad("lse must be float32", lse=torch.empty(8, case.num_tokens, dtype=torch.float64))
+    bad("softmax_scale must be positive", softmax_scale=0.0)
+
+
+def test_empty_plan_is_a_no_op():
+    case, plan = _setup(specs=((0, 7),))
+    out = case.new_out()
+    run_prefill(plan, case.q, case.k_cache, case.v_cache, out, softmax_scale=1.0)
+    assert out.shape[0] == 0

@@ -1,0 +1,146 @@
+"""The ``FA4`` attention backend: capability checks and prefill/decode routing.
+
+Decode rows run on vLLM's FlashAttention (FA3) implementation, unchanged; prefill rows run on
+the project's paged-prefill path (``vllm_fa4.paged_prefill``). The KV cache is exactly
+FLASH_ATTN's, so vLLM writes new K/V with ``reshape_and_cache_flash`` before ``forward`` runs.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from vllm_fa4 import BACKEND_NAME
+from vllm_fa4.compat import (
+    AttentionBackend,
+    AttentionType,
+    FlashAttentionBackend,
+    FlashAttentionImpl,
+    MultipleOf,
+    get_kv_cache_layout,
+)
+from vllm_fa4.kernels.config import SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES
+from vllm_fa4.metadata import FA4Metadata, FA4MetadataBuilder
+from vllm_fa4.paged_prefill import run_prefill, split_kv_cache
+
+_USE_INSTEAD = "use --attention-backend FLASH_ATTN for this model"
+
+
+def _reason(what: str) -> str:
+    return f"FA4: {what} is not supported ({_USE_INSTEAD})"
+
+
+class FA4AttentionBackend(AttentionBackend):
+    """Composite backend: our CuTe-DSL SM90 prefill, vLLM's FA3 decode."""
+
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", "float16", "bfloat16"]
+    forward_includes_kv_cache_update: bool = False
+
+    @staticmethod
+    def get_name() -> str:
+        return BACKEND_NAME  # must equal the enum member name (vLLM looks it up by name)
+
+    @staticmethod
+    def get_impl_cls() -> type[FA4AttentionImpl]:
+        return FA4AttentionImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[FA4MetadataBuilder]:
+        return FA4MetadataBuilder
+
+    # Same cache tensor as FLASH_ATTN: decode delegates to it and reads the same memory.
+    get_kv_cache_shape = staticmethod(FlashAttentionBackend.get_kv_cache_shape)
+    get_kv_cache_stride_order = staticmethod(FlashAttentionBackend.get_kv_cache_stride_order)
+
+    @staticmethod
+    def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
+        return list(SUPPORTED_PAGE_SIZES)
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return list(SUPPORTED_HEAD_DIMS)
+
+    @classmethod
+    def supports_compute_capability(cls, capability) -> bool:
+        return capability.major == 9
+
+    @classmethod
+    def validate_configuration(cls, *args, **kwargs) -> list[str]:
+        # vLLM's generic reasons are terse ("sliding window not supported"); say which backend
+        # refused and what to use instead, so the startup error is actionable.
+        reasons = [
+            _reason(r.removesuffix(" not supported")) if r.endswith("not supported") else r
+            for r in super().validate_configuration(*args, **kwargs)
+        ]
+        layout = get_kv_cache_layout()
+        if layout != "NHD":
+            reasons.append(_reason(f"KV cache layout {layout} (only NHD)"))
+        return reasons
+
+
+class FA4AttentionImpl(FlashAttentionImpl):
+    """Routes decode rows to FlashAttentionImpl.forward and prefill rows to our kernel."""
+
+    supports_dcp = False
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int,
+        alibi_slopes: list[float] | None,
+        sliding_window: int | None,
+        kv_cache_dtype: str,
+        logits_soft_cap: float | None = None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+        sinks: torch.Tensor | None = None,
+        **extra,
+    ) -> None:
+        unsupported = {
+            "ALiBi": alibi_slopes is not None,
+            "sliding window": sliding_window is not None,
+            "logits soft cap": bool(logits_soft_cap),
+            "attention sinks": sinks is not None,
+            f"attention type {attn_type}": attn_type != AttentionType.DECODER,
+            f"kv_cache_dtype {kv_cache_dtype}": kv_cache_dtype not in ("auto", "float16",
+                                                                       "bfloat16"),
+            f"options {sorted(extra)}": bool(extra),
+        }
+        refused = [name for name, bad in unsupported.items() if bad]
+        if refused:
+            raise NotImplementedError(_reason(", ".join(refused)))
+        super().__init__(num_heads, head_size, scale, num_kv_heads, None, None, kv_cache_dtype,
+                         None, attn_type, kv_sharing_target_layer_name)
+        if self.dcp_world_size > 1:
+            raise NotImplementedError(_reason("decode context parallelism"))
+        self.supports_quant_query_input = False
+
+    def forward(
+        self,
+        layer: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: FA4Metadata,
+        output: torch.Tensor,
+        output_scale: torch.Tensor | None = None,
+        output_block_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError(_reason("fused output quantization"))
+        if attn_metadata is None:  # profiling run
+            return output.fill_(0)
+        md = attn_metadata
+        if md.decode is not None:  # rows [0, num_decode_tokens), FA3 writes them in place
+            super().forward(layer, query, key, value, kv_cache, md.decode, output)
+        if md.prefill is not None:  # rows after the decodes; K/V are already in the cache
+            start, stop = md.num_decode_tokens, md.num_decode_tokens + md.prefill.num_tokens
+            k_cache, v_cache = split_kv_cache(kv_cache, self.head_size)
+            run_prefill(md.prefill, query[start:stop], k_cache, v_cache, output[start:stop],
+                        softmax_scale=self.scale)
+        return output

@@ -1,0 +1,583 @@
+"""SM90 (Hopper) paged, varlen, causal GQA prefill forward kernel in CuTe-DSL.
+
+One CTA per work tile (batch, kv_head, m_block). 3 warpgroups:
+  WG0  producer: warp 0 issues per-page K/V TMA boxes into a `kv_stages`-deep ring
+       (one PipelineTmaAsync for K, one for V), registers lowered to `producer_regs`.
+  WG1, WG2 consumers: 64 packed (token, q-head) rows each; load their Q rows with
+       cp.async, then per KV block (last block first): S = Q K^T (SS wgmma), causal mask
+       on the diagonal blocks, online softmax (exp2), O += P V (RS wgmma, P from registers).
+       Epilogue: normalize, predicated direct stores of O and LSE.
+
+`intra_wg_overlap` (stage B): S_j = Q K_j^T and O += P_{j+1} V_{j+1} are issued back to
+back and the softmax of S_j runs while the P V GEMM is in flight.
+"""
+
+from typing import Optional
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as cutlass_utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.utils import LayoutEnum
+
+from vllm_fa4.kernels.config import KernelConfig, KernelKey, tokens_per_tile
+from vllm_fa4.kernels.mask import apply_causal_mask
+from vllm_fa4.kernels.paged_kv import D_CHUNK, load_paged_tile, partition_pool_tiles, pool_view
+from vllm_fa4.kernels.scheduler import decode_tile
+from vllm_fa4.kernels.softmax import (
+    LOG2_E,
+    acc_as_operand_a,
+    acc_rows_view,
+    scale_rows,
+    softmax_finish,
+    softmax_step,
+)
+
+_DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
+
+# Named barrier ids (0 is __syncthreads): one per consumer warpgroup for WG-local syncs.
+_BAR_WG_BASE = 1
+
+
+@cute.jit
+def _wgmma(
+    tiled_mma: cute.TiledMma,
+    acc: cute.Tensor,
+    tA: cute.Tensor,
+    tB: cute.Tensor,
+    zero_init: cutlass.Constexpr[bool],
+    wait: cutlass.Constexpr[int],
+):
+    """Issue one warpgroup GEMM over all k16 slices; wait < 0 leaves it in flight."""
+    warpgroup.fence()
+    atom = cute.make_mma_atom(tiled_mma.op)
+    atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+    for k in cutlass.range_constexpr(cute.size(tA.shape[2])):
+        cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+    warpgroup.commit_group()
+    if cutlass.const_expr(wait >= 0):
+        warpgroup.wait_group(wait)
+
+
+class Sm90PagedPrefill:
+    def __init__(self, key: KernelKey, cfg: KernelConfig, has_lse: bool):
+        self.key = key
+        self.cfg = cfg
+        self.has_lse = has_lse
+        self.dtype = _DTYPES[key.dtype]
+        self.hd = key.head_dim
+        self.qpk = key.qhead_per_kvhead
+        self.tile_m = cfg.tile_m
+        self.tile_n = cfg.tile_n
+        self.tpt = tokens_per_tile(key.head_dim, key.qhead_per_kvhead)
+        self.box_n = cfg.box_n
+        self.page_size = key.page_size
+        self.stages = cfg.kv_stages
+        self.num_mma_threads = 128 * cfg.num_mma_wg
+        assert self.tile_m == 64 * cfg.num_mma_wg
+        assert self.tile_n % self.box_n == 0 and self.hd % D_CHUNK == 0
+
+    # ---------------------------------------------------------------- host-side helpers
+    def _smem_layout(self, rows: int, cols: int, stages: Optional[int] = None):
+        atom = warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, cols), self.dtype
+        )
+        if stages is None:
+            return cute.tile_to_shape(atom, (rows, cols), (0, 1))
+        return cute.tile_to_shape(atom, (rows, cols, stages), (0, 1, 2))
+
+    def _storage_cls(self, sQ_layout, sK_layout, sV_layout):
+        dt = self.dtype
+        stages = self.stages
+
+        @cute.struct
+        class Storage:
+            mbar_k: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            mbar_v: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+
+        return Storage
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # [total_q, Hq, D]
+        mK: cute.Tensor,  # [num_blocks, page, Hkv, D] (strided)
+        mV: cute.Tensor,
+        mO: cute.Tensor,  # [total_q, Hq, D]
+        mLSE: Optional[cute.Tensor],  # [Hq, total_q] fp32
+        mCuSeqlensQ: cute.Tensor,  # [B+1] int32
+        mSeqUsedK: cute.Tensor,  # [B] int32
+        mPageTable: cute.Tensor,  # [B, max_pages] int32
+        mWorkTiles: cute.Tensor,  # [num_tiles, 4] int32
+        softmax_scale: Float32,
+        stream,
+    ):
+        sQ_layout = self._smem_layout(self.tile_m, self.hd)
+        sK_layout = self._smem_layout(self.tile_n, self.hd, self.stages)
+        sV_layout = self._smem_layout(self.tile_n, self.hd, self.stages)
+        box_layout = self._smem_layout(self.box_n, D_CHUNK)
+        self.storage_cls = self._storage_cls(sQ_layout, sK_layout, sV_layout)
+
+        tma_op = cpasync.CopyBulkTensorTileG2SOp()
+        tma_atom_K, mK_tma = cpasync.make_tiled_tma_atom(
+            tma_op, pool_view(mK), box_layout, (self.box_n, D_CHUNK)
+        )
+        tma_atom_V, mV_tma = cpasync.make_tiled_tma_atom(
+            tma_op, pool_view(mV), box_layout, (self.box_n, D_CHUNK)
+        )
+
+        mma_layout = (self.cfg.num_mma_wg, 1, 1)
+        tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
+            self.dtype,
+            self.dtype,
+            warpgroup.OperandMajorMode.K,
+            warpgroup.OperandMajorMode.K,
+            Float32,
+            mma_layout,
+            (64, self.tile_n),
+        )
+        tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
+            self.dtype,
+            self.dtype,
+            warpgroup.OperandMajorMode.K,
+            warpgroup.OperandMajorMode.MN,
+            Float32,
+            mma_layout,
+            (64, self.hd),
+            a_source=warpgroup.OperandSource.RMEM,
+        )
+        scale_log2 = softmax_scale * Float32(LOG2_E)
+        self.kernel(
+            mQ,
+            mO,
+            mLSE,
+            mCuSeqlensQ,
+            mSeqUsedK,
+            mPageTable,
+            mWorkTiles,
+            mK_tma,
+            mV_tma,
+            tma_atom_K,
+            tma_atom_V,
+            mK.shape[0],
+            scale_log2,
+            sQ_layout,
+            sK_layout,
+            sV_layout,
+            tiled_mma_qk,
+            tiled_mma_pv,
+        ).launch(
+            grid=[mWorkTiles.shape[0], 1, 1],
+            block=[self.cfg.num_threads, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    # ---------------------------------------------------------------- device code
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: Optional[cute.Tensor],
+        mCuSeqlensQ: cute.Tensor,
+        mSeqUsedK: cute.Tensor,
+        mPageTable: cute.Tensor,
+        mWorkTiles: cute.Tensor,
+        mK_tma: cute.Tensor,
+        mV_tma: cute.Tensor,
+        tma_atom_K: cute.CopyAtom,
+        tma_atom_V: cute.CopyAtom,
+        num_blocks: Int32,
+        scale_log2: Float32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+    ):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        if warp_idx == 0:
+            cpasync.prefetch_descriptor(tma_atom_K)
+            cpasync.prefetch_descriptor(tma_atom_V)
+
+        storage = cutlass_utils.SmemAllocator().allocate(self.storage_cls)
+        kv_bytes = self.tile_n * self.hd * (self.dtype.width // 8)
+        one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        # consumer_release arrives once per warp (lane 0), so count warps.
+        mma_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads // 32)
+        pipe_k = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_k.data_ptr(),
+            num_stages=self.stages,
+            producer_group=one_thread,
+            consumer_group=mma_warps,
+            tx_count=kv_bytes,
+            defer_sync=True,
+        )
+        pipe_v = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_v.data_ptr(),
+            num_stages=self.stages,
+            producer_group=one_thread,
+            consumer_group=mma_warps,
+            tx_count=kv_bytes,
+            defer_sync=True,
+        )
+        pipeline.pipeline_init_arrive()
+
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+
+        work = decode_tile(mWorkTiles, mCuSeqlensQ, mSeqUsedK, self.tpt, self.tile_n)
+        pipeline.pipeline_init_wait()
+
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.cfg.producer_regs)
+            if warp_idx == 0:
+                self.produce(
+                    work,
+                    mPageTable,
+                    mK_tma,
+                    mV_tma,
+                    tma_atom_K,
+                    tma_atom_V,
+                    sK,
+                    sV,
+                    num_blocks,
+                    pipe_k,
+                    pipe_v,
+                )
+        else:
+            cute.arch.setmaxregister_increase(self.cfg.mma_regs)
+            self.consume(
+                work,
+                mQ,
+                mO,
+                mLSE,
+                sQ,
+                sK,
+                sV,
+                tiled_mma_qk,
+                tiled_mma_pv,
+                pipe_k,
+                pipe_v,
+                scale_log2,
+                tidx - 128,
+            )
+
+    @cute.jit
+    def produce(
+        self,
+        work,
+        mPageTable,
+        mK_tma,
+        mV_tma,
+        tma_atom_K,
+        tma_atom_V,
+        sK,
+        sV,
+        num_blocks,
+        pipe_k,
+        pipe_v,
+    ):
+        page_row = mPageTable[work.batch, None]
+        tKs, tKg = partition_pool_tiles(tma_atom_K, mK_tma, sK, work.kv_head, self.box_n)
+        tVs, tVg = partition_pool_tiles(tma_atom_V, mV_tma, sV, work.kv_head, self.box_n)
+        k_len = work.k_len
+
+        geo = (self.tile_n, self.box_n, self.page_size)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        n_max = work.n_block_max
+        if cutlass.const_expr(not self.cfg.intra_wg_overlap):
+            for i in cutlass.range(n_max, unroll=1):
+                n_block = n_max - 1 - i
+                pipe_k.producer_acquire(state)
+                load_paged_tile(
+                    tma_atom_K,
+                    tKs,
+                    tKg,
+                    page_row,
+                    k_len,
+                    num_blocks,
+                    n_block,
+                    state.index,
+                    pipe_k.producer_get_barrier(state),
+                    *geo,
+                )
+                pipe_v.producer_acquire(state)
+                load_paged_tile(
+                    tma_atom_V,
+                    tVs,
+                    tVg,
+                    page_row,
+                    k_len,
+                    num_blocks,
+                    n_block,
+                    state.index,
+                    pipe_v.producer_get_barrier(state),
+                    *geo,
+                )
+                state.advance()
+        else:
+            # Consumer order: K_j is needed one block before V_j, so issue K_{j-1} before V_j.
+            if n_max > 0:
+                pipe_k.producer_acquire(state)
+                load_paged_tile(
+                    tma_atom_K,
+                    tKs,
+                    tKg,
+                    page_row,
+                    k_len,
+                    num_blocks,
+                    n_max - 1,
+                    state.index,
+                    pipe_k.producer_get_barrier(state),
+                    *geo,
+                )
+                state_v = state.clone()
+                state.advance()
+                for i in cutlass.range(1, n_max, unroll=1):
+                    n_block = n_max - 1 - i
+                    pipe_k.producer_acquire(state)
+                    load_paged_tile(
+                        tma_atom_K,
+                        tKs,
+                        tKg,
+                        page_row,
+                        k_len,
+                        num_blocks,
+                        n_block,
+                        state.index,
+                        pipe_k.producer_get_barrier(state),
+                        *geo,
+                    )
+                    pipe_v.producer_acquire(state_v)
+                    load_paged_tile(
+                        tma_atom_V,
+                        tVs,
+                        tVg,
+                        page_row,
+                        k_len,
+                        num_blocks,
+                        n_block + 1,
+                        state_v.index,
+                        pipe_v.producer_get_barrier(state_v),
+                        *geo,
+                    )
+                    state.advance()
+                    state_v.advance()
+                pipe_v.producer_acquire(state_v)
+                load_paged_tile(
+                    tma_atom_V,
+                    tVs,
+                    tVg,
+                    page_row,
+                    k_len,
+                    num_blocks,
+                    0,
+                    state_v.index,
+                    pipe_v.producer_get_barrier(state_v),
+                    *geo,
+                )
+
+    # ---------------------------------------------------------------- consumer
+    @cute.jit
+    def load_q(self, work, mQ: cute.Tensor, sQ: cute.Tensor, tidx: Int32, wg: Int32):
+        """cp.async this warpgroup's 64 packed rows of Q; rows past the request are skipped
+        (their S/O rows are garbage but never stored, and rows never mix)."""
+        tpr = self.hd // 8  # threads per row, 16 B each
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(), self.dtype, num_bits_per_copy=128)
+        thr_layout = cute.make_ordered_layout((128 // tpr, tpr), order=(1, 0))
+        tiled_copy = cute.make_tiled_copy_tv(atom, thr_layout, cute.make_layout((1, 8)))
+        thr_copy = tiled_copy.get_slice(tidx % 128)
+        sQw = cute.local_tile(sQ, (64, self.hd), (wg, 0))
+        tQs = thr_copy.partition_D(sQw)
+        tQc = thr_copy.partition_S(cute.make_identity_tensor((64, self.hd)))
+        for m in cutlass.range_constexpr(cute.size(tQs, mode=[1])):
+            for k in cutlass.range_constexpr(cute.size(tQs, mode=[2])):
+                coord = tQc[0, m, k]
+                row = wg * 64 + coord[0]
+                tok_local = row // self.qpk
+                if tok_local < self.tpt and work.first_token + tok_local < work.q_len:
+                    tok = work.q_start + work.first_token + tok_local
+                    head = work.kv_head * self.qpk + row % self.qpk
+                    src = cute.local_tile(mQ[tok, head, None], (8,), (coord[1] // 8,))
+                    cute.copy(atom, src, tQs[None, m, k])
+        cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=_BAR_WG_BASE + wg, number_of_threads=128)
+
+    @cute.jit
+    def zero_v_tail(self, sV: cute.Tensor, stage: Int32, first_row: Int32, tidx: Int32, wg):
+        """Zero rows [first_row, tile_n) of a V stage: the last page's unused slots may hold
+        NaN and P = 0 does not cancel NaN in P V. Both WGs write the same zeros (benign)."""
+        vec = 8
+        per_row = self.hd // vec
+        total = (self.tile_n - first_row) * per_row
+        sVs = sV[None, None, stage]
+        for idx in cutlass.range(tidx % 128, total, 128, unroll=1):
+            r = first_row + idx // per_row
+            c0 = (idx % per_row) * vec
+            for e in cutlass.range_constexpr(vec):
+                sVs[r, c0 + e] = self.dtype(0.0)
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=_BAR_WG_BASE + wg, number_of_threads=128)
+
+    @cute.jit
+    def consume(
+        self,
+        work,
+        mQ,
+        mO,
+        mLSE,
+        sQ,
+        sK,
+        sV,
+        tiled_mma_qk,
+        tiled_mma_pv,
+        pipe_k,
+        pipe_v,
+        scale_log2: Float32,
+        tidx: Int32,
+    ):
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        thr_qk = tiled_mma_qk.get_slice(tidx)
+        thr_pv = tiled_mma_pv.get_slice(tidx)
+        wg_qk = tiled_mma_qk.get_slice(wg * 128)
+        wg_pv = tiled_mma_pv.get_slice(wg * 128)
+
+        tSrQ = wg_qk.make_fragment_A(wg_qk.partition_A(sQ))
+        tSrK = wg_qk.make_fragment_B(wg_qk.partition_B(sK))
+        # V^T as an (D, tile_n, stage) view of the row-major V tile: MN-major B operand.
+        sVt = cute.composition(
+            sV, cute.make_ordered_layout((self.hd, self.tile_n, self.stages), order=(1, 0, 2))
+        )
+        tOrVt = wg_pv.make_fragment_B(wg_pv.partition_B(sVt))
+        tOrP = wg_pv.make_fragment_A(wg_pv.partition_shape_A((self.tile_m, self.tile_n)))
+        acc_O = cute.make_rmem_tensor(wg_pv.partition_shape_C((self.tile_m, self.hd)), Float32)
+        acc_shape_S = wg_qk.partition_shape_C((self.tile_m, self.tile_n))
+        tScS = thr_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+        num_rows = cute.size(acc_rows_view(acc_O), mode=[0])
+
+        self.load_q(work, mQ, sQ, tidx, wg)
+
+        row_max = cute.make_rmem_tensor(num_rows, Float32)
+        row_sum = cute.make_rmem_tensor(num_rows, Float32)
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+        acc_O.fill(0.0)
+        row_scale = cute.make_rmem_tensor(num_rows, Float32)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        n_max = work.n_block_max
+        diag = work.k_len - work.q_len
+
+        if n_max > 0:
+            # First (right-most) block: masked, and may hold the partial last page.
+            n_block = n_max - 1
+            pipe_k.consumer_wait(state)
+            acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
+            _wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True, 0)
+            pipe_k.consumer_release(state)
+            apply_causal_mask(acc_S, tScS, n_block, work.first_token, diag, self.qpk, self.tile_n)
+            softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, True)
+            tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+            pipe_v.consumer_wait(state)
+            valid_rows = work.k_len - n_block * self.tile_n
+            if valid_rows < self.tile_n:
+                self.zero_v_tail(sV, state.index, valid_rows, tidx, wg)
+            if cutlass.const_expr(not self.cfg.intra_wg_overlap):
+                _wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False, 0)
+                pipe_v.consumer_release(state)
+                state.advance()
+                for i in cutlass.range(1, n_max, unroll=1):
+                    n_block = n_max - 1 - i
+                    pipe_k.consumer_wait(state)
+                    acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
+                    _wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True, 0)
+                    pipe_k.consumer_release(state)
+                    if n_block >= work.n_block_mask:
+                        apply_causal_mask(
+                            acc_S, tScS, n_block, work.first_token, diag, self.qpk, self.tile_n
+                        )
+                    softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False)
+                    scale_rows(acc_O, row_scale)
+                    tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+                    pipe_v.consumer_wait(state)
+                    _wgmma(
+                        tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False, 0
+                    )
+                    pipe_v.consumer_release(state)
+                    state.advance()
+            else:
+                # V of block j+1 sits in state_v, one stage behind K's state.
+                state_v = state.clone()
+                state.advance()
+                for i in cutlass.range(1, n_max, unroll=1):
+                    n_block = n_max - 1 - i
+                    pipe_k.consumer_wait(state)
+                    acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
+                    _wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True, -1)
+                    _wgmma(
+                        tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state_v.index], False, -1
+                    )
+                    warpgroup.wait_group(1)  # S_j done; P_{j+1} V_{j+1} may still run
+                    pipe_k.consumer_release(state)
+                    if n_block >= work.n_block_mask:
+                        apply_causal_mask(
+                            acc_S, tScS, n_block, work.first_token, diag, self.qpk, self.tile_n
+                        )
+                    softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False)
+                    warpgroup.wait_group(0)
+                    pipe_v.consumer_release(state_v)
+                    scale_rows(acc_O, row_scale)
+                    tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+                    state.advance()
+                    state_v.advance()
+                    pipe_v.consumer_wait(state_v)
+                _wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state_v.index], False, 0)
+                pipe_v.consumer_release(state_v)
+
+        self.epilogue(work, mO, mLSE, acc_O, row_max, row_sum, scale_log2, thr_pv, num_rows)
+
+    @cute.jit
+    def epilogue(
+        self,
+        work,
+        mO,
+        mLSE,
+        acc_O,
+        row_max,
+        row_sum,
+        scale_log2,
+        thr_pv,
+        num_rows: cutlass.Constexpr,
+    ):
+        inv_sum = cute.make_rmem_tensor(num_rows, Float32)
+        lse = cute.make_rmem_tensor(num_rows, Float32)
+        softmax_finish(row_max, row_sum, scale_log2, inv_sum, lse)
+        scale_rows(acc_O, inv_sum)
+        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+        oR = acc_rows_view(rO)
+        oC = acc_rows_view(thr_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.hd))))
+        for i in cutlass.range_constexpr(num_rows):
+            row = oC[i, 0][0]
+            tok_local = row // self.qpk
+            if tok_local < self.tpt and work.first_token + tok_local < work.q_len:
+                tok = work.q_start + work.first_token + tok_local
+                head = work.kv_head * self.qpk + row % self.qpk
+                mOrow = mO[tok, head, None]
+                for j in cutlass.range_constexpr(cute.size(oR, mode=[1])):
+                    mOrow[oC[0, j][1]] = oR[i, j]
+                if cutlass.const_expr(self.has_lse):
+                    if oC[0, 0][1] == 0:
+                        mLSE[head, tok] = lse[i]

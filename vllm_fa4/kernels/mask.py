@@ -1,0 +1,29 @@
+"""Bottom-right causal mask on an S accumulator with GQA rows packed into M."""
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from vllm_fa4.kernels.softmax import acc_rows_view
+
+
+@cute.jit
+def apply_causal_mask(
+    acc_S: cute.Tensor,
+    tScS: cute.Tensor,  # identity coordinates of acc_S, same partition
+    n_block: Int32,
+    first_token: Int32,  # request-local token of tile row 0
+    diag_offset: Int32,  # k_len - q_len
+    qpk: cutlass.Constexpr[int],
+    tile_n: cutlass.Constexpr[int],
+):
+    """Keys past each row's causal limit become -inf by *select* (K may hold NaN there)."""
+    sS = acc_rows_view(acc_S)
+    cS = acc_rows_view(tScS)
+    col_base = n_block * tile_n
+    for i in cutlass.range_constexpr(cute.size(sS, mode=[0])):
+        row = cS[i, 0][0]
+        # Last visible key of this row, relative to this block's first column.
+        limit = diag_offset + first_token + row // qpk - col_base
+        for j in cutlass.range_constexpr(cute.size(sS, mode=[1])):
+            sS[i, j] = -Float32.inf if cS[0, j][1] > limit else sS[i, j]

@@ -1,0 +1,63 @@
+"""Paged K/V tiles via per-page TMA boxes (no gather copy of the cache).
+
+The pool ``[num_blocks, page, Hkv, D]`` (strided view of vLLM's packed cache) is described
+to TMA as a rank-4 tensor (row_in_page, D, head, page). A K/V tile of ``tile_n`` keys is
+``tile_n / box_n`` boxes of ``box_n`` rows (one page each, or a slice of a bigger page),
+split along D into 64-element (128 B, the swizzle width) chunks. All boxes of a tile
+complete on the tile's stage mbarrier, whose tx-count is the whole tile. Boxes past the
+request's last page target page ``num_blocks`` (out of bounds), so TMA zero-fills them.
+"""
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32
+from cutlass.cute.nvgpu import cpasync
+
+D_CHUNK = 64  # elements per 128-byte swizzle row
+
+
+def pool_view(mX: cute.Tensor) -> cute.Tensor:
+    """[num_blocks, page, Hkv, D] -> (page, D, Hkv, num_blocks), strides kept."""
+    return cute.make_tensor(mX.iterator, cute.select(mX.layout, mode=[1, 3, 2, 0]))
+
+
+def partition_pool_tiles(
+    tma_atom: cute.CopyAtom, mX_tma: cute.Tensor, sX: cute.Tensor, kv_head, box_n: int
+):
+    """TMA views: smem ((box), box_in_tile, d_chunk, stage), gmem ((box), rowblk, d_chunk, page)."""
+    gX = cute.local_tile(mX_tma[None, None, kv_head, None], (box_n, D_CHUNK), (None, None, None))
+    sXb = cute.local_tile(sX, (box_n, D_CHUNK), (None, None, None))
+    return cpasync.tma_partition(
+        tma_atom, 0, cute.make_layout(1), cute.group_modes(sXb, 0, 2), cute.group_modes(gX, 0, 2)
+    )
+
+
+@cute.jit
+def load_paged_tile(
+    tma_atom: cute.CopyAtom,
+    tXs: cute.Tensor,
+    tXg: cute.Tensor,
+    page_row: cute.Tensor,  # page_table[batch, :]
+    k_len: Int32,
+    num_blocks: Int32,
+    n_block: Int32,
+    stage: Int32,
+    mbar: cute.Pointer,
+    tile_n: cutlass.Constexpr[int],
+    box_n: cutlass.Constexpr[int],
+    page_size: cutlass.Constexpr[int],
+):
+    """Issue every box of K/V tile n_block into `stage`, all on the stage's mbarrier."""
+    # Clamp the page-table read to the request's last page (entries past it are junk and
+    # may lie past the row's end); boxes past k_len read page num_blocks -> zero fill.
+    last_page = cutlass.max(k_len - 1, 0) // page_size
+    for b in cutlass.range_constexpr(tile_n // box_n):
+        token = n_block * tile_n + b * box_n
+        page = page_row[cutlass.min(token // page_size, last_page)]
+        if token >= k_len:
+            page = num_blocks
+        rowblk = (token % page_size) // box_n
+        for c in cutlass.range_constexpr(cute.size(tXs, mode=[2])):
+            cute.copy(
+                tma_atom, tXg[None, rowblk, c, page], tXs[None, b, c, stage], tma_bar_ptr=mbar
+            )

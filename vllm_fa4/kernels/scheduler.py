@@ -1,0 +1,52 @@
+"""Work-tile decode: one CTA per row of ``work_tiles`` (batch, kv_head, m_block, cost)."""
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32
+
+
+@dataclass
+class TileWork:
+    """Everything a role needs to know about its tile (all runtime Int32)."""
+
+    batch: Int32
+    kv_head: Int32
+    m_block: Int32
+    q_start: Int32  # first row of the request in the packed q/out
+    q_len: Int32
+    k_len: Int32
+    first_token: Int32  # request-local token of tile row 0
+    n_block_max: Int32  # KV blocks [0, n_block_max) are visited, last one first
+    n_block_mask: Int32  # blocks >= this one need the causal mask
+
+
+@cute.jit
+def decode_tile(
+    mWorkTiles: cute.Tensor,
+    mCuSeqlensQ: cute.Tensor,
+    mSeqUsedK: cute.Tensor,
+    tokens_per_tile: cutlass.Constexpr[int],
+    tile_n: cutlass.Constexpr[int],
+) -> TileWork:
+    tile_idx = cute.arch.block_idx()[0]
+    batch = mWorkTiles[tile_idx, 0]
+    kv_head = mWorkTiles[tile_idx, 1]
+    m_block = mWorkTiles[tile_idx, 2]
+    q_start = mCuSeqlensQ[batch]
+    q_len = mCuSeqlensQ[batch + 1] - q_start
+    k_len = mSeqUsedK[batch]
+    first_token = m_block * tokens_per_tile
+    last_token = cutlass.min(first_token + tokens_per_tile, q_len) - 1
+    diag = k_len - q_len
+    # Keys visible to the last valid row of the tile; <= k_len because last_token < q_len.
+    n_keys = cutlass.max(diag + last_token + 1, 0)
+    n_block_max = (n_keys + tile_n - 1) // tile_n
+    if last_token < first_token:  # empty tile (q_len == 0 or m_block past the end)
+        n_block_max = Int32(0)
+    # Block n is fully visible to every row iff (n+1)*tile_n <= diag + first_token + 1.
+    n_block_mask = cutlass.max(diag + first_token + 1, 0) // tile_n
+    return TileWork(
+        batch, kv_head, m_block, q_start, q_len, k_len, first_token, n_block_max, n_block_mask
+    )

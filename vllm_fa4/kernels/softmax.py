@@ -1,0 +1,113 @@
+"""Online softmax over a wgmma accumulator (SM90), exp2 with the scale folded into log2 space."""
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+
+LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
+
+
+def acc_rows_view(acc: cute.Tensor) -> cute.Tensor:
+    """View an SM90 accumulator ((2, 2, V), M, N) as (rows, cols) = ((2, M), (2, V, N))."""
+    flat = cute.make_layout(acc.layout.shape)
+    sh, st = flat.shape, flat.stride
+    rows = ((sh[0][1], sh[1]), (st[0][1], st[1]))
+    cols = ((sh[0][0], sh[0][2], sh[2]), (st[0][0], st[0][2], st[2]))
+    mn = cute.make_layout((rows[0], cols[0]), stride=(rows[1], cols[1]))
+    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
+
+
+def acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
+    """Reinterpret a QK^T accumulator ((2, 2, V), M, N) as the RS A-operand fragment
+    ((2, 2, 2), M, (V/2, N)) of the P*V wgmma (k16 = two 8-column accumulator groups)."""
+    lay = cute.logical_divide(acc.layout, ((None, None, 2), None, None))
+    v = lay.shape[0]
+    s = lay.stride[0]
+    frg = cute.make_layout(
+        ((v[0], v[1], v[2][0]), lay.shape[1], (v[2][1], lay.shape[2])),
+        stride=((s[0], s[1], s[2][0]), lay.stride[1], (s[2][1], lay.stride[2])),
+    )
+    return cute.make_tensor(acc.iterator, frg)
+
+
+@cute.jit
+def quad_allreduce(x: Float32, is_max: cutlass.Constexpr[bool]) -> Float32:
+    # The 4 lanes of a quad hold the same accumulator rows.
+    for off in cutlass.range_constexpr(2):
+        other = cute.arch.shuffle_sync_bfly(x, offset=1 << off)
+        if cutlass.const_expr(is_max):
+            x = cute.arch.fmax(x, other)
+        else:
+            x = x + other
+    return x
+
+
+@cute.jit
+def softmax_step(
+    acc_S: cute.Tensor,
+    row_max: cute.Tensor,
+    row_sum: cute.Tensor,
+    row_scale: cute.Tensor,
+    scale_log2: Float32,
+    is_first: cutlass.Constexpr[bool],
+):
+    """S -> unnormalized P in place; row_scale[i] = factor to apply to O's row i.
+
+    row_max / row_sum are this thread's running stats (row_sum stays a per-thread partial
+    until softmax_finish)."""
+    sS = acc_rows_view(acc_S)
+    ncol = cute.size(sS, mode=[1])
+    for i in cutlass.range_constexpr(cute.size(row_max)):
+        blk_max = sS[i, 0]
+        for j in cutlass.range_constexpr(1, ncol):
+            blk_max = cute.arch.fmax(blk_max, sS[i, j])
+        blk_max = quad_allreduce(blk_max, True)
+        prev_max = row_max[i]
+        new_max = cute.arch.fmax(prev_max, blk_max)
+        # A row that has seen only masked keys keeps max -inf: shift by 0 so exp2 gives 0.
+        safe_max = new_max if new_max != -Float32.inf else Float32(0.0)
+        neg_shift = -safe_max * scale_log2
+        part = Float32(0.0)
+        for j in cutlass.range_constexpr(ncol):
+            p = cute.math.exp2(sS[i, j] * scale_log2 + neg_shift, fastmath=True)
+            sS[i, j] = p
+            part = part + p
+        if cutlass.const_expr(is_first):
+            row_scale[i] = Float32(1.0)
+            row_sum[i] = part
+        else:
+            scale = cute.math.exp2(prev_max * scale_log2 + neg_shift, fastmath=True)
+            row_scale[i] = scale
+            row_sum[i] = row_sum[i] * scale + part
+        row_max[i] = new_max
+
+
+@cute.jit
+def softmax_finish(
+    row_max: cute.Tensor,
+    row_sum: cute.Tensor,
+    scale_log2: Float32,
+    inv_sum: cute.Tensor,
+    lse: cute.Tensor,
+):
+    """inv_sum = 1/rowsum (1 for empty rows); lse in natural log (-inf for empty rows)."""
+    for i in cutlass.range_constexpr(cute.size(row_max)):
+        total = quad_allreduce(row_sum[i], False)
+        empty = total == 0.0 or total != total
+        inv_sum[i] = Float32(1.0) if empty else cute.arch.rcp_approx(total)
+        lse[i] = (
+            -Float32.inf
+            if empty
+            else (row_max[i] * scale_log2 + cute.math.log2(total, fastmath=True)) * LN_2
+        )
+
+
+@cute.jit
+def scale_rows(acc_O: cute.Tensor, row_scale: cute.Tensor):
+    oO = acc_rows_view(acc_O)
+    for i in cutlass.range_constexpr(cute.size(oO, mode=[0])):
+        for j in cutlass.range_constexpr(cute.size(oO, mode=[1])):
+            oO[i, j] = oO[i, j] * row_scale[i]

@@ -1,0 +1,129 @@
+"""Per-step attention metadata for the FA4 backend.
+
+vLLM reorders each batch so decodes come first (we set ``reorder_batch_threshold``). The builder
+splits the batch at the first prefill: the decode rows go to vLLM's FlashAttention builder
+unchanged (so pure-decode batches keep FA3's full CUDA graphs), the prefill rows become a
+``PrefillPlan`` for our kernel. Everything is computed from CPU copies vLLM already has: no
+host-device sync in ``build``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from vllm_fa4 import warmup
+from vllm_fa4.compat import (
+    AttentionCGSupport,
+    AttentionMetadataBuilder,
+    CommonAttentionMetadata,
+    FlashAttentionMetadata,
+    FlashAttentionMetadataBuilder,
+    decode_slice,
+    prefill_seq_lens_cpu,
+    split_decodes_and_prefills,
+)
+from vllm_fa4.kernels.config import KernelKey
+from vllm_fa4.paged_prefill import PrefillPlan, plan_prefill
+
+logger = logging.getLogger("vllm_fa4")
+
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+@dataclass
+class FA4Metadata:
+    num_actual_tokens: int  # may include CUDA-graph padding after the last request
+    num_decodes: int
+    num_decode_tokens: int
+    num_prefills: int
+    num_prefill_tokens: int
+    decode: FlashAttentionMetadata | None  # rows [0, num_decode_tokens)
+    prefill: PrefillPlan | None  # rows [num_decode_tokens, num_decode_tokens + num_prefill_tokens)
+
+
+class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
+    reorder_batch_threshold: int = 1
+    _warned_sync: bool = False
+
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
+        # Decode-only batches go to FA3 wholesale and may be captured in full graphs; batches
+        # with prefill must run attention eagerly (our plan changes shape every step).
+        inner = FlashAttentionMetadataBuilder.get_cudagraph_support(vllm_config, kv_cache_spec)
+        return AttentionCGSupport(min(inner.value, AttentionCGSupport.UNIFORM_BATCH.value))
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.decode_builder = FlashAttentionMetadataBuilder(
+            kv_cache_spec, layer_names, vllm_config, device
+        )
+        self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
+        model_config, parallel = vllm_config.model_config, vllm_config.parallel_config
+        if getattr(model_config, "rswa_window", None) is not None:
+            raise NotImplementedError("FA4: R-SWA is not supported (use FLASH_ATTN)")
+        head_size = kv_cache_spec.head_size
+        if getattr(kv_cache_spec, "head_size_v", head_size) != head_size:
+            raise NotImplementedError("FA4: different K and V head sizes are not supported")
+        self.num_q_heads = model_config.get_num_attention_heads(parallel)
+        self.num_kv_heads = kv_cache_spec.num_kv_heads
+        self.head_dim = head_size
+        self.page_size = kv_cache_spec.block_size
+        self.dtype = model_config.dtype
+        self.kernel_key = KernelKey(
+            dtype=_DTYPE_NAMES.get(self.dtype, str(self.dtype)),
+            head_dim=self.head_dim,
+            page_size=self.page_size,
+            qhead_per_kvhead=self.num_q_heads // self.num_kv_heads,
+        )
+        warmup.request(self.kernel_key, vllm_config)
+
+    def build(
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: CommonAttentionMetadata,
+        fast_build: bool = False,
+    ) -> FA4Metadata:
+        cm = common_attn_metadata
+        nd, npf, ndt, npt = split_decodes_and_prefills(
+            cm, decode_threshold=self.reorder_batch_threshold
+        )
+        if npf == 0:  # pure decode (incl. full-graph capture/replay): FA3 sees cm untouched
+            decode = self.decode_builder.build(0, cm, fast_build)
+            return FA4Metadata(cm.num_actual_tokens, nd, ndt, 0, 0, decode, None)
+        if isinstance(cm.causal, torch.Tensor) or not cm.causal:
+            raise NotImplementedError("FA4: non-causal batches are not supported")
+        decode = None
+        if nd:
+            decode = self.decode_builder.build(0, decode_slice(cm, nd, ndt), fast_build)
+        prefill = self._plan_prefill(cm, nd, ndt)
+        return FA4Metadata(cm.num_actual_tokens, nd, ndt, npf, prefill.num_tokens, decode,
+                           prefill)
+
+    def _plan_prefill(self, cm: CommonAttentionMetadata, nd: int, ndt: int) -> PrefillPlan:
+        num_reqs = cm.num_reqs
+        qsl_cpu = cm.query_start_loc_cpu[nd : num_reqs + 1]
+        seq_lens_cpu = prefill_seq_lens_cpu(cm)
+        if seq_lens_cpu is None:  # not filled by this runner: a sync per step, said once
+            if not self._warned_sync:
+                logger.warning("FA4: no CPU seq_lens in the batch metadata; copying from GPU")
+                self._warned_sync = True
+            seq_lens_cpu = cm.seq_lens.cpu()
+        return plan_prefill(
+            qsl_cpu - qsl_cpu[0],
+            seq_lens_cpu[nd:num_reqs],
+            cu_seqlens_q=cm.query_start_loc[nd : num_reqs + 1] - ndt,
+            seqused_k=cm.seq_lens[nd:num_reqs],
+            page_table=cm.block_table_tensor[nd:num_reqs],
+            num_q_heads=self.num_q_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            page_size=self.page_size,
+            dtype=self.dtype,
+            device=self.device,
+        )
+
+    def use_cascade_attention(self, *args, **kwargs) -> bool:
+        return False

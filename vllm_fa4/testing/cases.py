@@ -1,0 +1,169 @@
+"""vLLM-shaped paged prefill test cases.
+
+The cache follows vLLM 0.26's FlashAttention layout: physically NHD
+``[num_blocks, page_size, Hkv, 2*D]`` with K in ``[..., :D]`` and V in ``[..., D:]``; the
+tensor vLLM hands to ``forward`` is the logical permuted view ``[num_blocks, Hkv, page_size, 2*D]``
+(``PagedCase.kv_cache_vllm``). Block 0 is the null block; used block ids are a random
+permutation of the rest (with spare blocks left over); unused slots (rest of each request's
+last page, spare blocks, block 0) hold NaN when ``poison_unused``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+TABLE_SLACK = 3  # extra block-table columns beyond the longest request (entries = null block 0)
+
+
+@dataclass
+class PagedCase:
+    specs: list[tuple[int, int]]  # (q_len, k_len) per request
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    dtype: torch.dtype
+    q: torch.Tensor  # [total_q, Hq, D], non-contiguous view (token stride > Hq*D)
+    kv_cache: torch.Tensor  # [num_blocks, page_size, Hkv, 2*D], physical NHD, contiguous
+    k_cache: torch.Tensor  # kv_cache[..., :D]
+    v_cache: torch.Tensor  # kv_cache[..., D:]
+    cu_seqlens_q: torch.Tensor  # [B+1] int32, device
+    seqused_k: torch.Tensor  # [B] int32, device
+    page_table: torch.Tensor  # [B, max_pages + TABLE_SLACK] int32, device (== block_table)
+    block_table: torch.Tensor  # same tensor as page_table; unused entries 0
+    slot_mapping: torch.Tensor  # [total_q] int64, device: cache slot of each new token
+    query_start_loc_cpu: torch.Tensor  # [B+1] int32, CPU
+    seq_lens_cpu: torch.Tensor  # [B] int32, CPU
+    softmax_scale: float
+
+    @property
+    def kv_cache_vllm(self) -> torch.Tensor:
+        """The cache as vLLM's attention forward receives it: [blocks, Hkv, page, 2*D] view."""
+        return self.kv_cache.transpose(1, 2)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.q.shape[0]
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_cache.shape[0]
+
+    @property
+    def max_seqlen_q(self) -> int:
+        return max((s[0] for s in self.specs), default=0)
+
+    @property
+    def max_seqlen_k(self) -> int:
+        return max((s[1] for s in self.specs), default=0)
+
+    def new_out(self, poison: bool = True) -> torch.Tensor:
+        """An output buffer [total_q, Hq, D] in q's dtype, NaN-filled so unwritten rows show."""
+        fill = float("nan") if poison else 0.0
+        return torch.full(
+            (self.num_tokens, self.num_q_heads, self.head_dim),
+            fill,
+            dtype=self.dtype,
+            device=self.q.device,
+        )
+
+
+def make_paged_case(
+    specs: Sequence[tuple[int, int]],
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    seed: int = 0,
+    poison_unused: bool = True,
+    extra_blocks: int | None = None,
+) -> PagedCase:
+    """Build a paged prefill case.
+
+    Args:
+        specs: (q_len, k_len) per request, 0 <= q_len <= k_len (q_len 0 allowed).
+        extra_blocks: spare (unused, poisoned) blocks besides block 0; default
+            ``max(4, used_blocks // 2)``.
+    """
+    specs = [(int(a), int(b)) for a, b in specs]
+    for i, (q_len, k_len) in enumerate(specs):
+        if not 0 <= q_len <= k_len:
+            raise ValueError(f"request {i}: need 0 <= q_len <= k_len, got ({q_len}, {k_len})")
+    if num_q_heads % num_kv_heads != 0:
+        raise ValueError(f"Hq={num_q_heads} is not a multiple of Hkv={num_kv_heads}")
+    device = torch.device(device)
+    gen_cpu = torch.Generator().manual_seed(seed)
+    gen_dev = torch.Generator(device=device).manual_seed(seed + 1)
+
+    num_reqs = len(specs)
+    q_lens = [s[0] for s in specs]
+    k_lens = [s[1] for s in specs]
+    pages = [-(-k // page_size) for k in k_lens]
+    used_blocks = sum(pages)
+    if extra_blocks is None:
+        extra_blocks = max(4, used_blocks // 2)
+    num_blocks = 1 + used_blocks + extra_blocks
+
+    # Block ids: a random permutation of 1..num_blocks-1; the first used_blocks go to requests.
+    perm = torch.randperm(num_blocks - 1, generator=gen_cpu) + 1
+    max_pages = max(pages, default=0)
+    block_table_cpu = torch.zeros(num_reqs, max_pages + TABLE_SLACK, dtype=torch.int32)
+    start = 0
+    for b, n in enumerate(pages):
+        block_table_cpu[b, :n] = perm[start : start + n].to(torch.int32)
+        start += n
+
+    kv_cache = torch.randn(
+        num_blocks, page_size, num_kv_heads, 2 * head_dim, generator=gen_dev, device=device
+    ).to(dtype)
+    slots = []  # valid slots of every request, in token order
+    for b, k_len in enumerate(k_lens):
+        t = torch.arange(k_len)
+        slots.append(block_table_cpu[b].long()[t // page_size] * page_size + t % page_size)
+    all_slots = torch.cat(slots) if slots else torch.zeros(0, dtype=torch.long)
+    if poison_unused:
+        valid = torch.zeros(num_blocks * page_size, dtype=torch.bool)
+        valid[all_slots] = True
+        flat = kv_cache.view(num_blocks * page_size, num_kv_heads, 2 * head_dim)
+        flat[(~valid).to(device)] = float("nan")
+    slot_mapping = torch.cat(
+        [s[k - q :] for s, q, k in zip(slots, q_lens, k_lens)]
+    ) if slots else torch.zeros(0, dtype=torch.long)
+
+    total_q = sum(q_lens)
+    # q is a view of a wider qkv-like buffer: token stride (Hq + 2*Hkv) * D > Hq * D.
+    width = (num_q_heads + 2 * num_kv_heads) * head_dim
+    qkv = torch.randn(total_q, width, generator=gen_dev, device=device).to(dtype)
+    q = qkv[:, : num_q_heads * head_dim].view(total_q, num_q_heads, head_dim)
+
+    cu = torch.zeros(num_reqs + 1, dtype=torch.int32)
+    if num_reqs:
+        cu[1:] = torch.cumsum(torch.tensor(q_lens, dtype=torch.int32), 0)
+    seq_lens = torch.tensor(k_lens, dtype=torch.int32)
+    block_table = block_table_cpu.to(device)
+
+    return PagedCase(
+        specs=specs,
+        num_q_heads=num_q_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        page_size=page_size,
+        dtype=dtype,
+        q=q,
+        kv_cache=kv_cache,
+        k_cache=kv_cache[..., :head_dim],
+        v_cache=kv_cache[..., head_dim:],
+        cu_seqlens_q=cu.to(device),
+        seqused_k=seq_lens.to(device),
+        page_table=block_table,
+        block_table=block_table,
+        slot_mapping=slot_mapping.to(device),
+        query_start_loc_cpu=cu,
+        seq_lens_cpu=seq_lens,
+        softmax_scale=head_dim**-0.5,
+    )
