@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:  # `python3 benchmarks/x.py` from a checkout finds vllm_fa4
+    sys.path.append(str(REPO_ROOT))
 
 # --------------------------------------------------------------------------------------------
 # Workloads

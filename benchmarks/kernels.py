@@ -239,8 +239,8 @@ def matmul_ceiling(s: Settings) -> float:
     return 2 * n**3 / (ms * 1e-3) / 1e12
 
 
-def _error(exc: BaseException) -> str:
-    return f"error: {type(exc).__name__}: {' '.join(str(exc).split())}"[:400]
+def _error(exc: BaseException, stage: str) -> str:
+    return f"error: {stage}: {type(exc).__name__}: {' '.join(str(exc).split())}"[:400]
 
 
 def bench_peer(name: str, problem, ref, flops: int, s: Settings) -> dict:
@@ -271,7 +271,7 @@ def bench_peer(name: str, problem, ref, flops: int, s: Settings) -> dict:
         rec["ms"] = time_ms(fn, s)
         rec["tflops"] = flops / (rec["ms"] * 1e-3) / 1e12
     except Exception as exc:  # noqa: BLE001 - a peer failure must never stop the sweep
-        rec["error"] = f"{stage}: {_error(exc)}"
+        rec["error"] = _error(exc, stage)
         if rec["check"] is None:
             rec["check"] = "error"
     return rec
@@ -286,7 +286,7 @@ def bench_run(run: Run, peers: list[str], s: Settings) -> list[dict]:
         problem, paged = build_problem(run, s)
         ref = build_reference(problem, s.check_rows, s.check_requests)
     except Exception as exc:  # noqa: BLE001
-        msg = f"input/reference: {_error(exc)}"
+        msg = _error(exc, "input/reference")
         return [{**base, "peer": p, "check": "error", "error": msg} for p in peers]
     records = [{**base, **bench_peer(p, problem, ref, base["flops"], s)} for p in peers]
     del problem, paged, ref
@@ -429,8 +429,8 @@ def render_report(runs, peers, records, meta) -> str:
     by = {(r["model"], r["case"], r["block"], r["peer"]): r for r in records}
     perf_rows, check_rows = [], []
     for run in runs:
-        recs = {p: by.get((run.model, run.case, run.block, p)) for p in ALL_PEERS}
-        get = recs.get
+        names = dict.fromkeys([*peers, *ALL_PEERS])
+        get = {p: by.get((run.model, run.case, run.block, p)) for p in names}.get
         ours = get("ours")
         pct = "—"
         if ours and ours.get("tflops") and meta.get("ceiling_tflops"):
@@ -525,7 +525,7 @@ def run_sweep(args, runs: list[Run], peers: list[str]) -> int:
         meta["ceiling_tflops"] = matmul_ceiling(s)
     except Exception as exc:  # noqa: BLE001
         meta["ceiling_tflops"] = None
-        log(f"matmul ceiling: {_error(exc)}")
+        log(_error(exc, "matmul ceiling"))
     log(f"matmul ceiling: {fmt_num(meta['ceiling_tflops'])} TFLOP/s")
     local = [p for p in peers if p in IN_PROCESS_PEERS]
     records: list[dict] = []

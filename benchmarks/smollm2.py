@@ -82,6 +82,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--backends", default=DEFAULT_BACKENDS)
     ap.add_argument("--worker-timeout", type=int, default=1800)
     ap.add_argument("--dry-run", action="store_true", help="locate the GGUF, print commands")
+    ap.add_argument("--convert-only", action="store_true", help="convert, build prompts, stop")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--spec", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--result", default=None, help=argparse.SUPPRESS)
@@ -115,10 +116,13 @@ def converted(model_dir: Path) -> bool:
 
 
 def hf_config(config: dict) -> dict:
-    cfg = {k: v for k, v in config.items() if k not in ("quantization_config", "_name_or_path")}
+    drop = ("quantization_config", "_name_or_path", "_model_name_or_path")
+    cfg = {k: v for k, v in config.items() if k not in drop}
     cfg.update(tie_word_embeddings=True, torch_dtype="bfloat16", dtype="bfloat16")
-    cfg.setdefault("architectures", ["LlamaForCausalLM"])
-    cfg.setdefault("model_type", "llama")
+    if not cfg.get("architectures"):
+        cfg["architectures"] = ["LlamaForCausalLM"]
+    if not cfg.get("model_type"):
+        cfg["model_type"] = "llama"
     return cfg
 
 
@@ -372,6 +376,8 @@ def main(argv=None) -> int:
     spec_path = out_dir / "spec.json"
     write_json(spec_path, spec)
     log(f"prompt tokens {spec['prompt_tokens']}; logprob texts {spec['logprob_text_tokens']}")
+    if args.convert_only:
+        return 0
     results = {b: run_worker(b, spec_path, out_dir, args.worker_timeout) for b in backends}
     base = results.get(BASELINE)
     comparisons = {}

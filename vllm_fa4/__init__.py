@@ -53,9 +53,20 @@ def ensure_registered():
     return member
 
 
+def _log_like_vllm() -> None:
+    """Print our log lines (route choice, warmup progress) through vLLM's own handlers."""
+    vllm_logger = logging.getLogger("vllm")
+    if vllm_logger.handlers and not logger.handlers:
+        for handler in vllm_logger.handlers:
+            logger.addHandler(handler)
+        logger.setLevel(vllm_logger.level or logging.INFO)
+        logger.propagate = False
+
+
 def register() -> None:
     """Entry point (``vllm.general_plugins``). Idempotent; never raises."""
     try:
         ensure_registered()
+        _log_like_vllm()
     except Exception as exc:  # a broken plugin must not take vLLM down
         logger.warning("vllm-fa4: could not register the FA4 attention backend: %s", exc)

@@ -10,8 +10,16 @@ SPECS = [(5, 40), (0, 7), (17, 17), (1, 130), (33, 100)]
 
 
 def _case(**kw) -> PagedCase:
-    args = dict(specs=SPECS, num_q_heads=8, num_kv_heads=2, head_dim=32, page_size=16,
-                dtype=torch.bfloat16, device="cpu", seed=3)
+    args = dict(
+        specs=SPECS,
+        num_q_heads=8,
+        num_kv_heads=2,
+        head_dim=32,
+        page_size=16,
+        dtype=torch.bfloat16,
+        device="cpu",
+        seed=3,
+    )
     args.update(kw)
     return make_paged_case(**args)
 

@@ -13,8 +13,15 @@ from vllm_fa4.testing.reference import paged_attention_reference
 @pytest.fixture(scope="module")
 def outs():
     case = make_paged_case([(20, 60), (30, 30)], 4, 2, 64, 16, torch.bfloat16, "cpu", seed=5)
-    args = (case.q, case.k_cache, case.v_cache, case.cu_seqlens_q, case.seqused_k,
-            case.page_table, case.softmax_scale)
+    args = (
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        case.cu_seqlens_q,
+        case.seqused_k,
+        case.page_table,
+        case.softmax_scale,
+    )
     ref, lse = paged_attention_reference(*args)
     lowp, _ = paged_attention_reference(*args, compute_dtype=torch.bfloat16)
     return case, ref, lowp, lse
@@ -22,8 +29,7 @@ def outs():
 
 def test_passes_for_rounded_reference(outs):
     case, ref, lowp, _ = outs
-    res = assert_attention_close(ref.to(torch.bfloat16), ref, lowp,
-                                 cu_seqlens_q=case.cu_seqlens_q)
+    res = assert_attention_close(ref.to(torch.bfloat16), ref, lowp, cu_seqlens_q=case.cu_seqlens_q)
     assert res.max_err <= res.max_bound and res.mean_err <= res.mean_bound
     assert res.lowp_max_err > 0 and res.floor > 0
 

@@ -20,9 +20,19 @@ def _plan(specs, hq=32, hkv=8, d=128, page=16, dtype=torch.bfloat16) -> PrefillP
     seq = torch.tensor(k_lens, dtype=torch.int32)
     pages = max([math.ceil(k / page) for k in k_lens], default=0) + 1
     table = torch.zeros(len(specs), pages, dtype=torch.int32)
-    return plan_prefill(cu, seq, cu_seqlens_q=cu.clone(), seqused_k=seq.clone(), page_table=table,
-                        num_q_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=page,
-                        dtype=dtype, device="cpu")
+    return plan_prefill(
+        cu,
+        seq,
+        cu_seqlens_q=cu.clone(),
+        seqused_k=seq.clone(),
+        page_table=table,
+        num_q_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=d,
+        page_size=page,
+        dtype=dtype,
+        device="cpu",
+    )
 
 
 def _brute_force(specs, hkv, d, qpk):
@@ -41,8 +51,9 @@ def _brute_force(specs, hkv, d, qpk):
 SPECS = [(5, 40), (0, 7), (300, 300), (1, 130), (700, 3000), (129, 129), (64, 5000)]
 
 
-@pytest.mark.parametrize("hq,hkv,d", [(32, 8, 128), (24, 8, 128), (8, 8, 64), (16, 2, 256),
-                                      (32, 1, 128)])
+@pytest.mark.parametrize(
+    "hq,hkv,d", [(32, 8, 128), (24, 8, 128), (8, 8, 64), (16, 2, 256), (32, 1, 128)]
+)
 def test_work_list_is_brute_force_lpt(hq, hkv, d):
     plan = _plan(SPECS, hq, hkv, d)
     rows = plan.work_tiles_cpu.tolist()
@@ -57,8 +68,9 @@ def test_work_list_is_brute_force_lpt(hq, hkv, d):
         if a[3] == b[3]:
             assert tuple(a[:3]) < tuple(b[:3])
     assert plan.num_tiles == len(rows) and plan.total_work == sum(costs)
-    assert plan.work_tiles is plan.work_tiles_cpu or torch.equal(plan.work_tiles,
-                                                                 plan.work_tiles_cpu)
+    assert plan.work_tiles is plan.work_tiles_cpu or torch.equal(
+        plan.work_tiles, plan.work_tiles_cpu
+    )
     assert plan.work_tiles.dtype == torch.int32 and plan.work_tiles.shape == (len(rows), 4)
 
 
@@ -85,13 +97,22 @@ def test_fields_hand_computed():
     # d 128, qpk 4 -> tpt 32, tile_n 128. Requests: (40, 300) and (0, 16) and (32, 32).
     plan = _plan([(40, 300), (0, 16), (32, 32)], hq=8, hkv=2, d=128, page=16)
     assert plan.key == KernelKey("bfloat16", 128, 16, 4, True)
-    assert (plan.num_reqs, plan.num_tokens, plan.max_seqlen_q, plan.max_seqlen_k) == (3, 72, 40,
-                                                                                       300)
+    assert (plan.num_reqs, plan.num_tokens, plan.max_seqlen_q, plan.max_seqlen_k) == (
+        3,
+        72,
+        40,
+        300,
+    )
     assert (plan.tile_m, plan.tile_n, plan.tokens_per_tile) == (128, 128, 32)
     # req 0: ctx 260; m0 covers tokens 0..31 -> 292 keys -> 3 tiles; m1 tokens 32..39 -> 300 -> 3
     # req 2: ctx 0; m0 tokens 0..31 -> 32 keys -> 1 tile
     assert plan.work_tiles_cpu.tolist() == [
-        [0, 0, 0, 3], [0, 0, 1, 3], [0, 1, 0, 3], [0, 1, 1, 3], [2, 0, 0, 1], [2, 1, 0, 1],
+        [0, 0, 0, 3],
+        [0, 0, 1, 3],
+        [0, 1, 0, 3],
+        [0, 1, 1, 3],
+        [2, 0, 0, 1],
+        [2, 1, 0, 1],
     ]
     assert plan.num_tiles == 6 and plan.total_work == 14
     assert plan.qhead_per_kvhead == 4 and plan.dtype == torch.bfloat16
@@ -101,9 +122,19 @@ def test_device_tensors_are_passed_through():
     cu = torch.tensor([0, 3], dtype=torch.int32)
     seq = torch.tensor([10], dtype=torch.int32)
     table = torch.zeros(4, 8, dtype=torch.int32)[1:2]  # a row view of a larger block table
-    plan = plan_prefill(cu, seq, cu_seqlens_q=cu, seqused_k=seq, page_table=table,
-                        num_q_heads=4, num_kv_heads=4, head_dim=64, page_size=16,
-                        dtype=torch.float16, device="cpu")
+    plan = plan_prefill(
+        cu,
+        seq,
+        cu_seqlens_q=cu,
+        seqused_k=seq,
+        page_table=table,
+        num_q_heads=4,
+        num_kv_heads=4,
+        head_dim=64,
+        page_size=16,
+        dtype=torch.float16,
+        device="cpu",
+    )
     assert plan.page_table is table and plan.cu_seqlens_q is cu and plan.seqused_k is seq
     assert plan.key.dtype == "float16" and plan.key.head_dim == 64
 
@@ -129,8 +160,17 @@ def test_validation_errors():
     cu = torch.tensor([0, 3], dtype=torch.int32)
     seq = torch.tensor([10], dtype=torch.int32)
     table = torch.zeros(1, 1, dtype=torch.int32)
-    kw = dict(cu_seqlens_q=cu, seqused_k=seq, page_table=table, num_q_heads=8, num_kv_heads=2,
-              head_dim=128, page_size=16, dtype=torch.bfloat16, device="cpu")
+    kw = dict(
+        cu_seqlens_q=cu,
+        seqused_k=seq,
+        page_table=table,
+        num_q_heads=8,
+        num_kv_heads=2,
+        head_dim=128,
+        page_size=16,
+        dtype=torch.bfloat16,
+        device="cpu",
+    )
     plan_prefill(cu, seq, **kw)  # valid
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
         plan_prefill(cu, seq, **{**kw, "num_kv_heads": 3})

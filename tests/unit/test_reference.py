@@ -47,8 +47,14 @@ def _float64_ref(case):
 
 def _ref(case, **kw):
     return paged_attention_reference(
-        case.q, case.k_cache, case.v_cache, case.cu_seqlens_q, case.seqused_k, case.page_table,
-        case.softmax_scale, **kw,
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        case.cu_seqlens_q,
+        case.seqused_k,
+        case.page_table,
+        case.softmax_scale,
+        **kw,
     )
 
 
@@ -79,8 +85,9 @@ def test_matches_sdpa_bottom_right_causal(hq, hkv):
         # bottom-right causal: query j sees keys <= k_len - q_len + j
         mask = torch.ones(q_len, k_len, dtype=torch.bool).tril(diagonal=k_len - q_len)
         expect = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        torch.testing.assert_close(out[cu[b] : cu[b + 1]].transpose(0, 1), expect,
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            out[cu[b] : cu[b + 1]].transpose(0, 1), expect, atol=1e-5, rtol=1e-5
+        )
 
 
 def test_nan_poison_does_not_leak_and_cache_is_poisoned():
@@ -96,8 +103,9 @@ def test_rows_without_visible_key_are_zero_and_neg_inf():
     cu = torch.tensor([0, 4, 4], dtype=torch.int32)
     seqused = torch.tensor([2, 0], dtype=torch.int32)
     q = torch.randn(4, 2, 16)
-    out, lse = paged_attention_reference(q, case.k_cache, case.v_cache, cu, seqused,
-                                         case.page_table, 0.25)
+    out, lse = paged_attention_reference(
+        q, case.k_cache, case.v_cache, cu, seqused, case.page_table, 0.25
+    )
     assert torch.equal(out[:2], torch.zeros(2, 2, 16))
     assert torch.isneginf(lse[:, :2]).all()
     assert torch.isfinite(lse[:, 2:]).all() and out[2:].abs().sum() > 0

@@ -25,13 +25,22 @@ def _fresh_routes(monkeypatch):
     run_mod._clear_route_cache()
 
 
-def _setup(specs=((5, 40), (0, 7), (17, 17), (33, 100)), hq=8, hkv=2, d=64, page=16,
-           dtype=torch.bfloat16):
+def _setup(
+    specs=((5, 40), (0, 7), (17, 17), (33, 100)), hq=8, hkv=2, d=64, page=16, dtype=torch.bfloat16
+):
     case = make_paged_case(list(specs), hq, hkv, d, page, dtype, "cpu", seed=11)
     plan = plan_prefill(
-        case.query_start_loc_cpu, case.seq_lens_cpu, cu_seqlens_q=case.cu_seqlens_q,
-        seqused_k=case.seqused_k, page_table=case.page_table, num_q_heads=hq,
-        num_kv_heads=hkv, head_dim=d, page_size=page, dtype=dtype, device="cpu",
+        case.query_start_loc_cpu,
+        case.seq_lens_cpu,
+        cu_seqlens_q=case.cu_seqlens_q,
+        seqused_k=case.seqused_k,
+        page_table=case.page_table,
+        num_q_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=d,
+        page_size=page,
+        dtype=dtype,
+        device="cpu",
     )
     return case, plan
 
@@ -45,7 +54,12 @@ def test_reference_route_matches_reference(caplog):
         run_prefill(plan, case.q, k, v, out, softmax_scale=case.softmax_scale, lse=lse)
     assert any("reference" in r.getMessage() for r in caplog.records)
     ref, ref_lse = paged_attention_reference(
-        case.q, case.k_cache, case.v_cache, case.cu_seqlens_q, case.seqused_k, case.page_table,
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        case.cu_seqlens_q,
+        case.seqused_k,
+        case.page_table,
         case.softmax_scale,
     )
     assert torch.isfinite(out).all()
@@ -67,8 +81,14 @@ def test_forced_kernel_route_raises_without_gpu(monkeypatch):
         select_route(KEY, "cpu")
     case, plan = _setup()
     with pytest.raises(RuntimeError, match="no FA4 prefill kernel"):
-        run_prefill(plan, case.q, case.k_cache, case.v_cache, case.new_out(),
-                    softmax_scale=case.softmax_scale)
+        run_prefill(
+            plan,
+            case.q,
+            case.k_cache,
+            case.v_cache,
+            case.new_out(),
+            softmax_scale=case.softmax_scale,
+        )
 
 
 def test_bad_route_env(monkeypatch):
@@ -139,8 +159,15 @@ def test_validation_errors():
         args = dict(q=q, k_cache=k, v_cache=v, out=out)
         args.update(kw)
         with pytest.raises(ValueError, match=match):
-            run_prefill(plan, args["q"], args["k_cache"], args["v_cache"], args["out"],
-                        softmax_scale=kw.get("softmax_scale", s), lse=kw.get("lse"))
+            run_prefill(
+                plan,
+                args["q"],
+                args["k_cache"],
+                args["v_cache"],
+                args["out"],
+                softmax_scale=kw.get("softmax_scale", s),
+                lse=kw.get("lse"),
+            )
 
     bad(r"q has shape \(54, 8, 64\), expected \(55, 8, 64\)", q=q[:-1])
     bad("q has dtype torch.float16", q=q.half())

@@ -137,8 +137,8 @@ class Sm90PagedPrefill:
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             self.dtype,
             self.dtype,
-            warpgroup.OperandMajorMode.K,
-            warpgroup.OperandMajorMode.K,
+            cute.nvgpu.OperandMajorMode.K,
+            cute.nvgpu.OperandMajorMode.K,
             Float32,
             mma_layout,
             (64, self.tile_n),
@@ -146,8 +146,8 @@ class Sm90PagedPrefill:
         tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
             self.dtype,
             self.dtype,
-            warpgroup.OperandMajorMode.K,
-            warpgroup.OperandMajorMode.MN,
+            cute.nvgpu.OperandMajorMode.K,
+            cute.nvgpu.OperandMajorMode.MN,
             Float32,
             mma_layout,
             (64, self.hd),

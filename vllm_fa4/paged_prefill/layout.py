@@ -16,7 +16,9 @@ from __future__ import annotations
 import torch
 
 
-def _canonical_strides(shape: torch.Size, strides: tuple[int, ...], head_dim: int) -> list[int]:
+def _canonical_strides(
+    shape: tuple[int, ...], strides: tuple[int, ...], head_dim: int
+) -> list[int]:
     """Give size-1 dims the stride the packed layout implies (any stride is legal there).
 
     Order (block, token, head, dim): head stride 2*D, token stride Hkv * head stride, block
@@ -59,22 +61,35 @@ def split_kv_cache(kv_cache: torch.Tensor, head_dim: int) -> tuple[torch.Tensor,
             f"kv_cache last dim is {packed}, expected 2*head_dim = {2 * head_dim} "
             f"(K and V packed); shape {tuple(kv_cache.shape)}"
         )
-    nhd = kv_cache.transpose(1, 2)  # (num_blocks, block_size, Hkv, 2D)
-    shape = nhd.shape
-    strides = _canonical_strides(shape, nhd.stride(), head_dim)
-    if nhd.numel() > 0:
+    # The NHD view is kv_cache.transpose(1, 2); build it from strides directly (cheaper).
+    s0, s1, s2, s3 = kv_cache.stride()
+    shape = (num_blocks, block_size, num_kv_heads, packed)
+    strides = _canonical_strides(shape, (s0, s2, s1, s3), head_dim)
+    if kv_cache.numel() > 0:
         _check_strides(kv_cache, shape, strides, head_dim)
     k_shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    off = nhd.storage_offset()
-    k_cache = nhd.as_strided(k_shape, strides, off)
-    v_cache = nhd.as_strided(k_shape, strides, off + head_dim)
+    off = kv_cache.storage_offset()
+    k_cache = kv_cache.as_strided(k_shape, strides, off)
+    v_cache = kv_cache.as_strided(k_shape, strides, off + head_dim)
     return k_cache, v_cache
 
 
 def _check_strides(
-    kv_cache: torch.Tensor, shape: torch.Size, strides: list[int], head_dim: int
+    kv_cache: torch.Tensor, shape: tuple[int, ...], strides: list[int], head_dim: int
 ) -> None:
     esize = kv_cache.element_size()
+    if (
+        strides[3] == 1
+        and strides[2] >= 2 * head_dim
+        and not (strides[0] * esize) % 16
+        and not (strides[1] * esize) % 16
+        and not (strides[2] * esize) % 16
+        and not (head_dim * esize) % 16
+        and not kv_cache.data_ptr() % 16
+        and (shape[2] == 1 or strides[1] >= shape[2] * strides[2])
+        and (shape[1] == 1 or strides[0] >= shape[1] * strides[1])
+    ):
+        return  # fast path: all good (this runs per layer per step)
     where = (
         f"kv_cache shape {tuple(kv_cache.shape)} strides {tuple(kv_cache.stride())} "
         f"(logical (blocks, Hkv, block_size, 2D) expected over NHD memory)"

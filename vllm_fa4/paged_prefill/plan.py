@@ -153,8 +153,11 @@ def plan_prefill(
     _check_int32_1d("cu_seqlens_q", cu_seqlens_q, num_reqs + 1, cpu=False)
     _check_int32_1d("seqused_k", seqused_k, num_reqs, cpu=False)
     device = torch.device(device)
-    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("seqused_k", seqused_k),
-                    ("page_table", page_table)):
+    for name, t in (
+        ("cu_seqlens_q", cu_seqlens_q),
+        ("seqused_k", seqused_k),
+        ("page_table", page_table),
+    ):
         if t.device.type != device.type or (
             device.index is not None and t.device.index != device.index
         ):

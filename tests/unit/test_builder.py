@@ -1,0 +1,158 @@
+"""FA4MetadataBuilder.build on named batch specs, fields checked against hand-computed values."""
+
+import math
+
+import pytest
+import torch
+
+from vllm_fa4.kernels.config import tile_shape, tokens_per_tile
+
+BLOCK = 16
+HQ, HKV, D = 32, 8, 128
+QPK = HQ // HKV
+TILE_M, TILE_N = tile_shape(D)
+TPT = tokens_per_tile(D, QPK)
+
+
+def make_builder(vllm_config, threshold=None):
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    from vllm_fa4.metadata import FA4MetadataBuilder
+
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HKV, head_size=D,
+                             dtype=torch.bfloat16)
+    builder = FA4MetadataBuilder(spec, ["layer.0"], vllm_config, torch.device("cpu"))
+    if threshold is not None:  # what a speculative config with k tokens sets
+        builder.reorder_batch_threshold = threshold
+    return builder
+
+
+def make_common(query_lens, seq_lens, pad_tokens=0):
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    q = torch.tensor(query_lens, dtype=torch.int32)
+    s = torch.tensor(seq_lens, dtype=torch.int32)
+    qsl = torch.zeros(len(q) + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(q, 0)
+    num_tokens = int(qsl[-1]) + pad_tokens
+    blocks = [math.ceil(n / BLOCK) for n in seq_lens]
+    table = torch.zeros(len(q), max(blocks) + 3, dtype=torch.int32)
+    next_block = 1  # block 0 is the null block
+    for i, n in enumerate(blocks):
+        table[i, :n] = torch.arange(next_block, next_block + n)
+        next_block += n
+    return CommonAttentionMetadata(
+        query_start_loc=qsl.clone(), query_start_loc_cpu=qsl, seq_lens=s.clone(),
+        num_reqs=len(q), num_actual_tokens=num_tokens, max_query_len=int(q.max()),
+        max_seq_len=int(s.max()), block_table_tensor=table,
+        slot_mapping=torch.arange(num_tokens, dtype=torch.int64),
+        seq_lens_cpu_upper_bound=s.clone(),
+    )
+
+
+def expected_tiles(query_lens, seq_lens):
+    """Brute force: every (request, kv head, m block) with its KV-tile count."""
+    tiles = []
+    for b, (q, k) in enumerate(zip(query_lens, seq_lens)):
+        for m in range(math.ceil(q / TPT)):
+            last = min(q, (m + 1) * TPT) - 1
+            cost = math.ceil((k - q + last + 1) / TILE_N)
+            tiles += [(b, h, m, cost) for h in range(HKV)]
+    return tiles
+
+
+def check_prefill(md, query_lens, seq_lens, nd):
+    p = md.prefill
+    pq, ps = query_lens[nd:], seq_lens[nd:]
+    assert p.num_reqs == len(pq) and p.num_tokens == sum(pq)
+    assert p.cu_seqlens_q.tolist() == [0] + list(torch.tensor(pq).cumsum(0).tolist())
+    assert p.seqused_k.tolist() == ps
+    assert p.max_seqlen_q == max(pq) and p.max_seqlen_k == max(ps)
+    assert p.key.head_dim == D and p.key.page_size == BLOCK and p.key.qhead_per_kvhead == QPK
+    tiles = [tuple(r) for r in p.work_tiles.tolist()]
+    assert sorted(tiles) == sorted(expected_tiles(pq, ps))
+    costs = [t[3] for t in tiles]
+    assert costs == sorted(costs, reverse=True)
+
+
+SPECS = {
+    # name: (query_lens, seq_lens, expected num_decodes)
+    "pure_decode": ([1] * 8, [100 + i for i in range(8)], 8),
+    "pure_prefill": ([300, 17, 1024], [300, 17, 1024], 0),
+    "mixed": ([1, 1, 1, 700, 33], [50, 4000, 9, 700, 33], 3),
+    "chunked_after_prefix": ([1, 2048], [77, 18432], 1),
+    "one_token_prefill_is_decode_row": ([1, 1], [1, 30], 2),
+    "many_tiny_prefills": ([3] * 500, [5] * 500, 0),
+    "one_128k_prefill": ([131072], [131072], 0),
+}
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_build_named_batches(vllm_config, name):
+    query_lens, seq_lens, nd = SPECS[name]
+    builder = make_builder(vllm_config)
+    md = builder.build(0, make_common(query_lens, seq_lens))
+    ndt = sum(query_lens[:nd])
+    assert (md.num_decodes, md.num_decode_tokens) == (nd, ndt)
+    assert md.num_prefills == len(query_lens) - nd
+    assert md.num_prefill_tokens == sum(query_lens) - ndt
+    if nd:
+        assert md.decode.num_actual_tokens == ndt
+        assert md.decode.seq_lens.tolist() == seq_lens[:nd]
+        assert md.decode.block_table.shape[0] == nd
+    else:
+        assert md.decode is None
+    if nd == len(query_lens):
+        assert md.prefill is None
+    else:
+        check_prefill(md, query_lens, seq_lens, nd)
+
+
+def test_pure_decode_passes_padded_metadata_through(vllm_config):
+    # Full CUDA graphs pad the token count; FA3 must see the same, untouched metadata.
+    cm = make_common([1] * 4, [10, 20, 30, 40], pad_tokens=4)
+    md = make_builder(vllm_config).build(0, cm)
+    assert md.prefill is None and md.decode.num_actual_tokens == 8
+    assert md.decode.block_table.data_ptr() == cm.block_table_tensor.data_ptr()
+
+
+def test_page_table_is_a_view_of_the_block_table(vllm_config):
+    cm = make_common([1, 1, 500], [9, 9, 500])
+    md = make_builder(vllm_config).build(0, cm)
+    table = md.prefill.page_table
+    assert table.data_ptr() == cm.block_table_tensor[2:].data_ptr()
+    assert table.stride() == cm.block_table_tensor.stride()
+
+
+def test_spec_decode_rows_stay_on_the_decode_path(vllm_config):
+    # With 3 speculative tokens the threshold is 4: q_len 2-4 rows are decodes.
+    query_lens, seq_lens = [2, 4, 3, 900], [40, 41, 42, 900]
+    md = make_builder(vllm_config, threshold=4).build(0, make_common(query_lens, seq_lens))
+    assert (md.num_decodes, md.num_decode_tokens) == (3, 9)
+    check_prefill(md, query_lens, seq_lens, 3)
+
+
+def test_chunk_after_long_prefix_is_scheduled_first(vllm_config):
+    query_lens, seq_lens = [2048, 2048], [2048, 18432]
+    md = make_builder(vllm_config).build(0, make_common(query_lens, seq_lens))
+    first = md.prefill.work_tiles[0].tolist()
+    assert first[0] == 1 and first[3] == math.ceil(18432 / TILE_N)
+
+
+def test_speculative_config_raises_threshold(tiny_llama_dir):
+    from vllm.config import set_current_vllm_config
+    from vllm_configs import make_vllm_config
+
+    config = make_vllm_config(tiny_llama_dir, num_speculative_tokens=3)
+    with set_current_vllm_config(config):
+        assert make_builder(config).reorder_batch_threshold == 4
+
+
+def test_builder_declares_uniform_batch_graphs(vllm_config):
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    from vllm_fa4.metadata import FA4MetadataBuilder
+
+    support = FA4MetadataBuilder.get_cudagraph_support(vllm_config, None)
+    assert support.value <= AttentionCGSupport.UNIFORM_BATCH.value
+    assert support != AttentionCGSupport.NEVER
