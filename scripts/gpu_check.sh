@@ -6,7 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu-check}"; mkdir -p "$OUT"
-export PYTHONPATH="/tmp/site:/tmp/site/nvidia_cutlass_dsl/python_packages:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 VLLM_FA4_CACHE_DIR="${VLLM_FA4_CACHE_DIR:-/tmp/vllm_fa4_cache}"
 PY=python3
 VLLM="$PY -m vllm.entrypoints.cli.main"
@@ -16,7 +16,7 @@ step() {  # step NAME SECONDS CMD...
   local name=$1 limit=$2; shift 2
   echo "=== $name (limit ${limit}s)"
   local t0=$SECONDS
-  timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  timeout -k 10 "$limit" bash -c "$*" > "$OUT/$name.log" 2>&1
   local rc=$?
   echo "=== $name rc=$rc in $((SECONDS - t0))s"
   tail -n "${TAIL:-25}" "$OUT/$name.log"
@@ -51,6 +51,8 @@ throughput_check() {
     --max-model-len 8192 2>&1 | grep -E "Throughput|FA4 prefill|Using .*backend|Error|Traceback"
 }
 
+export OUT PY VLLM MODEL
+export -f install serve_check throughput_check
 for s in "$@"; do
   case $s in
     env) step install 300 install; nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv ;;
