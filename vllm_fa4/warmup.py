@@ -1,15 +1,17 @@
 """Ahead-of-time compilation of every prefill kernel a model needs, during vLLM's startup.
 
-Builders call ``request(key, vllm_config)`` when they are created (after the KV cache is sized,
-before vLLM's kernel warmup and CUDA-graph capture). vLLM's CuTe-DSL warmup then asks the
-module-level provider for compile units and runs them, so nothing compiles while serving.
-If that warmup is disabled, the key is compiled right away instead.
+Builders call ``request(key, vllm_config)`` when they are created, before vLLM's memory
+profiling run and CUDA-graph capture. The key is compiled (or loaded from the disk cache) right
+there: the profiling run already executes a prefill, before vLLM's own CuTe-DSL warmup stage.
+The key is also registered with that warmup stage (vLLM lists it among its CuTe-DSL units), so
+whatever path vLLM takes, nothing compiles while serving.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import time
 
 from vllm_fa4.kernels.config import KernelKey
 
@@ -35,18 +37,16 @@ class _PrefillWarmupProvider:
 
         return [
             CuTeDSLCompileUnit("vllm_fa4.prefill", ("vllm_fa4", key),
-                               functools.partial(compile_keys, [key]))
+                               functools.partial(compile_keys, [key], progress=False))
             for key in self.keys
         ]
 
 
 PROVIDER = _PrefillWarmupProvider()
-_registered = False
 
 
 def request(key: KernelKey, vllm_config=None) -> None:
-    """Make sure ``key`` is compiled before serving starts."""
-    global _registered
+    """Compile ``key`` now (startup) and list it in vLLM's CuTe-DSL warmup."""
     if key in PROVIDER.keys or not _kernel_available():
         return
     reason = key.unsupported_reason()
@@ -54,15 +54,14 @@ def request(key: KernelKey, vllm_config=None) -> None:
         logger.warning("FA4: no prefill kernel for %s (%s); prefill uses the reference", key,
                        reason)
         return
-    PROVIDER.keys.append(key)
-    kernel_config = getattr(vllm_config, "kernel_config", None)
-    if kernel_config is not None and not getattr(kernel_config, "enable_cutedsl_warmup", True):
-        from vllm_fa4.kernels.compile import compile_keys
+    from vllm_fa4.kernels.compile import compile_keys
 
-        compile_keys([key])
-        return
-    if not _registered:
+    started = time.perf_counter()
+    compile_keys([key], progress=False)
+    logger.info("FA4: prefill kernel %s ready in %.1f s (compiled or loaded from disk)", key,
+                time.perf_counter() - started)
+    if not PROVIDER.keys:
         from vllm.model_executor.warmup.cutedsl_warmup import register_cutedsl_warmup_provider
 
         register_cutedsl_warmup_provider(PROVIDER)
-        _registered = True
+    PROVIDER.keys.append(key)

@@ -13,17 +13,27 @@ import torch
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def backends(tmp_path_factory):
+@pytest.fixture
+def vllm_config_for(tmp_path):
+    """A vLLM config whose model has the case's attention shape (FA3's scheduler uses it)."""
+    import contextlib
+
     import vllm_fa4
 
     vllm_fa4.register()
     from vllm.config import set_current_vllm_config
     from vllm_configs import make_vllm_config, write_tiny_llama
 
-    config = make_vllm_config(write_tiny_llama(tmp_path_factory.mktemp("m")), device="cuda")
-    with set_current_vllm_config(config):
-        yield config
+    with contextlib.ExitStack() as stack:
+
+        def make(hq, hkv, d, page):
+            model = write_tiny_llama(tmp_path / f"m{hq}-{hkv}-{d}", num_attention_heads=hq,
+                                     num_key_value_heads=hkv, head_dim=d, hidden_size=hq * d)
+            config = make_vllm_config(model, device="cuda", block_size=page)
+            stack.enter_context(set_current_vllm_config(config))
+            return config
+
+        yield make
 
 
 class _Layer(torch.nn.Module):
@@ -77,7 +87,7 @@ def _random_specs(rng, num_decodes, num_prefills):
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_fa4_matches_flash_attn_on_random_batches(backends, seed):
+def test_fa4_matches_flash_attn_on_random_batches(vllm_config_for, seed):
     from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
 
     from vllm_fa4.backend import FA4AttentionBackend
@@ -91,6 +101,7 @@ def test_fa4_matches_flash_attn_on_random_batches(backends, seed):
     page = [16, 16, 32, 64, 128, 16][seed]
     num_decodes = [0, 3, 5, 0, 2, 8][seed]
     specs = _random_specs(rng, num_decodes, rng.randint(1, 4))
+    config = vllm_config_for(hq, hkv, d, page)
     case = make_paged_case(specs, hq, hkv, d, page, torch.bfloat16, "cuda", seed=seed)
     # The new tokens' K/V, as the model would produce them; their cache slots start as NaN so
     # the test proves vLLM's cache write (do_kv_cache_update) happened before attention.
@@ -100,8 +111,8 @@ def test_fa4_matches_flash_attn_on_random_batches(backends, seed):
     flat[case.slot_mapping] = float("nan")
     cm = _common_metadata(case)
 
-    out_fa3, _ = _run_backend(FlashAttentionBackend, backends, case, cm, new_k, new_v)
-    out_fa4, md = _run_backend(FA4AttentionBackend, backends, case, cm, new_k, new_v)
+    out_fa3, _ = _run_backend(FlashAttentionBackend, config, case, cm, new_k, new_v)
+    out_fa4, md = _run_backend(FA4AttentionBackend, config, case, cm, new_k, new_v)
     assert md.num_decodes == num_decodes
     assert (md.prefill is not None) == (len(specs) > num_decodes)
 

@@ -456,3 +456,47 @@ def test_smollm2_dry_run(capsys, tmp_path):
     assert smollm2.main(["--dry-run", "--out", str(tmp_path), "--smol-site", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "--worker FA4" in out and "--worker FLASHINFER" in out
+
+
+def test_serve_runs_merge_into_one_report(tmp_path, monkeypatch):
+    def fake_backend(args, backend, points, out_dir):
+        tput = {"FLASH_ATTN": 1000.0, "FA4": 1200.0}[backend]
+        return [
+            {
+                **serving.point_record(backend, p),
+                "total_token_throughput": tput * p.input_len,
+                "ttft_p50_ms": 10.0,
+                "ttft_p99_ms": 20.0,
+                "tpot_p50_ms": 5.0,
+                "tpot_p99_ms": 6.0,
+                "completed": 4,
+                "failed": 0,
+            }
+            for p in points
+        ]
+
+    monkeypatch.setattr(serving, "run_backend_serve", fake_backend)
+    monkeypatch.setattr(serving, "install_cleanup", lambda: None)
+    base = [
+        "serve",
+        "--model",
+        "m",
+        "--out",
+        str(tmp_path),
+        "--input-lens",
+        "2048,8192",
+        "--output-lens",
+        "1,128",
+        "--token-rates",
+        "inf",
+    ]
+    assert serving.main([*base, "--backends", "FLASH_ATTN"]) == 0
+    assert serving.main([*base, "--backends", "FA4", "--merge"]) == 0
+    text = (tmp_path / "serving.md").read_text()
+    assert "FA4 / FLASH_ATTN" in text and "1.200" in text
+    records = json.loads((tmp_path / "serving.json").read_text())["records"]
+    assert {r["backend"] for r in records} == {"FA4", "FLASH_ATTN"} and len(records) == 8
+    assert (tmp_path / "serving.csv").exists()
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (tmp_path / "throughput.png").stat().st_size > 0
+        assert (tmp_path / "ttft.png").exists()
