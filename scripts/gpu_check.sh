@@ -60,6 +60,9 @@ for s in "$@"; do
     kernel) step kernel-tests 420 $PY -m pytest tests/gpu/test_kernel.py -x -q -p no:cacheprovider ;;
     backend) step backend-tests 300 $PY -m pytest tests/gpu/test_backend_gpu.py -x -q ;;
     bench) step bench-quick 300 $PY tests/gpu/bench_kernel_quick.py ;;
+    overhead) step launch-overhead 300 $PY benchmarks/launch_overhead.py ;;
+    sweep) TAIL=80 step kernel-sweep 560 $PY benchmarks/kernels.py --out $OUT/sweep ${SWEEP_ARGS:-} ;;
+    smollm2) TAIL=60 step smollm2 560 $PY benchmarks/smollm2.py --out $OUT/smollm2 ;;
     serve) TAIL=60 step serve 420 serve_check ;;
     throughput) step throughput 420 throughput_check ;;
     *) echo "unknown step $s" ;;
