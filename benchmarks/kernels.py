@@ -314,6 +314,10 @@ def fa4_peer_env(fa4_site: str, base_env: dict | None = None) -> dict:
     env = dict(os.environ if base_env is None else base_env)
     for var in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP"):
         env.pop(var, None)
+    # Importing vLLM's CuTe-DSL (4.6.0) exports CUTE_DSL_LIBS=<its runtime>; inherited, it makes
+    # the peer's newer DSL load the wrong runtime ("runtime library could not be resolved").
+    for var in [v for v in env if v.startswith(("CUTE_DSL_", "CUTLASS_"))]:
+        env.pop(var)
     paths = [fa4_site]
     dsl = Path(fa4_site) / "nvidia_cutlass_dsl" / "dsl_packages"
     if dsl.is_dir():

@@ -1,17 +1,34 @@
-"""Quick timing: our SM90 paged prefill vs vLLM's FA3 on Llama-3.1-8B shapes.
+"""Quick timing: our SM90 paged prefill (one or more compile-time variants) vs vLLM's FA3
+on Llama-3.1-8B shapes (Hq 32, Hkv 8, D 128, bf16, causal), in one process.
 
-Run: python tests/gpu/bench_kernel_quick.py   (env VLLM_FA4_OVERLAP=1 for the stage-B path)
+Run: python tests/gpu/bench_kernel_quick.py [--variants "base pingpong overlap+pingpong"|all]
+                                            [--pages 16,128] [--cases 512x32,16kx1]
+Default variants: $VLLM_FA4_VARIANTS, else the process variant (VLLM_FA4_VARIANT).
+Times are medians of triton's do_bench; TFLOP/s counts causal FLOPs only.
 """
 
+import argparse
 import math
+import os
 
 import torch
+from triton.testing import do_bench
 from vllm.vllm_flash_attn import flash_attn_varlen_func
 
-from vllm_fa4.kernels.compile import INTRA_WG_OVERLAP, prefill_forward
-from vllm_fa4.kernels.config import KernelKey, tile_shape, tokens_per_tile
+from vllm_fa4.kernels.compile import VARIANT, prefill_forward
+from vllm_fa4.kernels.config import KernelKey, parse_variants, tile_shape, tokens_per_tile
 
-HQ, HKV, HD, PAGE, DT = 32, 8, 128, 16, torch.bfloat16
+HQ, HKV, HD, DT = 32, 8, 128, torch.bfloat16
+
+# name -> (page sizes it runs at, [(q_len, k_len)] * batch)
+CASES = {
+    "512x32": ((16,), [(512, 512)] * 32),
+    "4kx4": ((16,), [(4096, 4096)] * 4),
+    "16kx1": ((16, 128), [(16384, 16384)]),
+    "2k@4k x8": ((16,), [(2048, 4096 + 2048)] * 8),
+    "2k@8k x4": ((128,), [(2048, 8192 + 2048)] * 4),
+    "2k@16k x2": ((16,), [(2048, 16384 + 2048)] * 2),
+}
 
 
 def work_tiles(specs, qpk):
@@ -27,23 +44,11 @@ def work_tiles(specs, qpk):
     return torch.tensor(rows, dtype=torch.int32, device="cuda")
 
 
-def bench(fn, iters=20):
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters * 1e-3
-
-
-def run(name, specs):
+def run(name, specs, page, variants):
     dev = "cuda"
-    pages = [math.ceil(k / PAGE) for _, k in specs]
+    pages = [math.ceil(k / page) for _, k in specs]
     nblocks = sum(pages) + 1
-    kv = torch.randn(nblocks, PAGE, HKV, 2 * HD, dtype=DT, device=dev)
+    kv = torch.randn(nblocks, page, HKV, 2 * HD, dtype=DT, device=dev)
     k_cache, v_cache = kv[..., :HD], kv[..., HD:]
     perm = torch.randperm(nblocks - 1, device=dev).to(torch.int32) + 1
     pt = torch.zeros(len(specs), max(pages), dtype=torch.int32, device=dev)
@@ -59,15 +64,12 @@ def run(name, specs):
     seqk = torch.tensor([k for _, k in specs], dtype=torch.int32, device=dev)
     out = torch.empty_like(q)
     scale = HD**-0.5
-    key = KernelKey("bfloat16", HD, PAGE, HQ // HKV)
+    key = KernelKey("bfloat16", HD, page, HQ // HKV)
     wt = work_tiles(specs, HQ // HKV)
     flops = sum(4 * HQ * HD * sum(k - q_len + j + 1 for j in range(q_len)) for q_len, k in specs)
 
-    ours = bench(
-        lambda: prefill_forward(key, q, k_cache, v_cache, out, None, cu, seqk, pt, wt, scale)
-    )
-    fa3 = bench(
-        lambda: flash_attn_varlen_func(
+    def fa3():
+        flash_attn_varlen_func(
             q,
             k_cache,
             v_cache,
@@ -80,15 +82,41 @@ def run(name, specs):
             block_table=pt,
             fa_version=3,
         )
-    )
-    print(
-        f"{name:>22}: ours {flops / ours / 1e12:6.1f} TFLOP/s ({ours * 1e3:.3f} ms)  "
-        f"FA3 {flops / fa3 / 1e12:6.1f} TFLOP/s ({fa3 * 1e3:.3f} ms)  ratio {fa3 / ours:.3f}"
-    )
+
+    t_fa3 = do_bench(fa3, return_mode="median") * 1e-3
+    label = f"{name} p{page}"
+    print(f"{label:>16} | {'FA3':<28} {flops / t_fa3 / 1e12:6.1f} TFLOP/s {t_fa3 * 1e3:8.3f} ms")
+    for v in variants:
+        t = (
+            do_bench(
+                lambda v=v: prefill_forward(
+                    key, q, k_cache, v_cache, out, None, cu, seqk, pt, wt, scale, v
+                ),
+                return_mode="median",
+            )
+            * 1e-3
+        )
+        print(
+            f"{'':>16} | {v.name:<28} {flops / t / 1e12:6.1f} TFLOP/s {t * 1e3:8.3f} ms"
+            f"  ours/FA3 {t_fa3 / t:.3f}"
+        )
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variants", default=os.environ.get("VLLM_FA4_VARIANTS"))
+    ap.add_argument("--pages", default="16,128")
+    ap.add_argument("--cases", default=",".join(CASES))
+    args = ap.parse_args()
+    variants = parse_variants(args.variants) if args.variants else (VARIANT,)
+    pages = {int(p) for p in args.pages.split(",")}
+    print(f"device={torch.cuda.get_device_name()} variants={[v.name for v in variants]}")
+    for name in args.cases.split(","):
+        case_pages, specs = CASES[name]
+        for page in case_pages:
+            if page in pages:
+                run(name, specs, page, variants)
 
 
 if __name__ == "__main__":
-    print(f"overlap={INTRA_WG_OVERLAP} device={torch.cuda.get_device_name()}")
-    run("4k x 4", [(4096, 4096)] * 4)
-    run("16k x 1", [(16384, 16384)])
-    run("2k chunk after 16k", [(2048, 16384 + 2048)])
+    main()

@@ -1,13 +1,37 @@
-"""GPU correctness of the SM90 paged prefill kernel against the fp32 reference."""
+"""GPU correctness of the SM90 paged prefill kernel against the fp32 reference.
+
+Every test runs once per kernel variant in VLLM_FA4_TEST_VARIANTS (default: the process
+variant from VLLM_FA4_VARIANT; ``all`` = config.ALL_VARIANTS; or a list such as
+"base overlap+pingpong"). Example: VLLM_FA4_TEST_VARIANTS=all pytest tests/gpu/test_kernel.py
+"""
 
 import math
+import os
 
 import pytest
 import torch
 
-from vllm_fa4.kernels.config import KernelKey, tile_shape, tokens_per_tile
+from vllm_fa4.kernels.config import KernelKey, parse_variants, tile_shape, tokens_per_tile
 
 pytestmark = pytest.mark.gpu
+
+
+def _test_variants():
+    spec = os.environ.get("VLLM_FA4_TEST_VARIANTS")
+    if spec:
+        return parse_variants(spec)
+    from vllm_fa4.kernels.compile import VARIANT
+
+    return (VARIANT,)
+
+
+VARIANTS = _test_variants()
+
+
+@pytest.fixture(params=VARIANTS, ids=[v.name for v in VARIANTS], autouse=True)
+def variant(request):
+    return request.param
+
 
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -30,7 +54,7 @@ def build_work_tiles(cu_seqlens_q, seqused_k, num_kv_heads, head_dim, qpk, devic
     return torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1, 4)
 
 
-def run_case(specs, hq, hkv, hd, page, dtype, seed=0, check_lse=True, q_pad=0):
+def run_case(specs, hq, hkv, hd, page, dtype, variant, seed=0, check_lse=True, q_pad=0):
     from vllm_fa4.kernels.compile import prefill_forward
     from vllm_fa4.testing import cases, checks, reference
 
@@ -58,6 +82,7 @@ def run_case(specs, hq, hkv, hd, page, dtype, seed=0, check_lse=True, q_pad=0):
             case.page_table,
             work,
             case.softmax_scale,
+            variant,
         )
     torch.cuda.synchronize()
     args = (
@@ -80,32 +105,40 @@ def run_case(specs, hq, hkv, hd, page, dtype, seed=0, check_lse=True, q_pad=0):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("hd", [64, 128, 256])
 @pytest.mark.parametrize("page", [16, 32, 64, 128])
-def test_dtype_hd_page(dtype, hd, page):
-    run_case([(300, 300), (77, 77), (1, 1), (129, 129)], 8, 2, hd, page, dtype)
+def test_dtype_hd_page(dtype, hd, page, variant):
+    run_case([(300, 300), (77, 77), (1, 1), (129, 129)], 8, 2, hd, page, dtype, variant)
 
 
 @pytest.mark.parametrize("hq,hkv", [(8, 8), (16, 4), (32, 4), (12, 4)])  # qpk 1, 4, 8, 3
 @pytest.mark.parametrize("hd", [64, 128, 256])
-def test_gqa(hq, hkv, hd):
-    run_case([(200, 200), (45, 45), (130, 130)], hq, hkv, hd, 16, torch.bfloat16)
+def test_gqa(hq, hkv, hd, variant):
+    run_case([(200, 200), (45, 45), (130, 130)], hq, hkv, hd, 16, torch.bfloat16, variant)
 
 
-@pytest.mark.parametrize("page", [16, 64])
+@pytest.mark.parametrize("page", [16, 64, 128])
 @pytest.mark.parametrize("hd", [128, 256])
-def test_chunked_prefix(page, hd):
+def test_chunked_prefix(page, hd, variant):
     # q_len < k_len: chunked prefill and prefix-cache hits, partial last pages.
-    run_case([(100, 1000), (1, 517), (257, 300), (64, 64 + 128)], 32, 8, hd, page, torch.bfloat16)
+    run_case(
+        [(100, 1000), (1, 517), (257, 300), (64, 64 + 128)],
+        32,
+        8,
+        hd,
+        page,
+        torch.bfloat16,
+        variant,
+    )
 
 
-def test_tiny_and_many_short():
-    run_case([(1, 1)] * 3 + [(2, 5), (3, 3), (1, 17)] * 20, 32, 8, 128, 16, torch.bfloat16)
+def test_tiny_and_many_short(variant):
+    run_case([(1, 1)] * 3 + [(2, 5), (3, 3), (1, 17)] * 20, 32, 8, 128, 16, torch.bfloat16, variant)
 
 
-def test_zero_len_request_skipped():
-    run_case([(50, 50), (0, 40), (33, 90)], 32, 8, 128, 16, torch.bfloat16)
+def test_zero_len_request_skipped(variant):
+    run_case([(50, 50), (0, 40), (33, 90)], 32, 8, 128, 16, torch.bfloat16, variant)
 
 
-def test_big_batch():
+def test_big_batch(variant):
     specs = [
         (int(q), int(q) + int(p))
         for q, p in zip(
@@ -113,24 +146,24 @@ def test_big_batch():
             torch.randint(0, 900, (48,), generator=torch.Generator().manual_seed(2)),
         )
     ]
-    run_case(specs, 32, 8, 128, 16, torch.bfloat16, check_lse=False)
+    run_case(specs, 32, 8, 128, 16, torch.bfloat16, variant, check_lse=False)
 
 
-def test_strided_q():
-    run_case([(130, 400), (70, 70)], 32, 8, 128, 16, torch.bfloat16, q_pad=8 * 128 * 2)
+def test_strided_q(variant):
+    run_case([(130, 400), (70, 70)], 32, 8, 128, 16, torch.bfloat16, variant, q_pad=8 * 128 * 2)
 
 
-def test_no_lse():
-    run_case([(150, 150)], 16, 4, 128, 16, torch.bfloat16, check_lse=False)
+def test_no_lse(variant):
+    run_case([(150, 150)], 16, 4, 128, 16, torch.bfloat16, variant, check_lse=False)
 
 
-def test_long_context_64k():
-    run_case([(512, 65536 + 100), (256, 256)], 16, 2, 128, 16, torch.bfloat16)
+def test_long_context_64k(variant):
+    run_case([(512, 65536 + 100), (256, 256)], 16, 2, 128, 16, torch.bfloat16, variant)
 
 
-def test_bit_identical_twice():
+def test_bit_identical_twice(variant):
     out1, lse1, (key, q, case, work) = run_case(
-        [(700, 1500), (90, 90)], 32, 8, 128, 16, torch.bfloat16
+        [(700, 1500), (90, 90)], 32, 8, 128, 16, torch.bfloat16, variant
     )
     from vllm_fa4.kernels.compile import prefill_forward
 
@@ -148,6 +181,7 @@ def test_bit_identical_twice():
         case.page_table,
         work,
         case.softmax_scale,
+        variant,
     )
     torch.cuda.synchronize()
     assert torch.equal(out1.view(torch.int16), out2.view(torch.int16))

@@ -142,8 +142,11 @@ def test_fa4_peer_env_excludes_vllm_kit():
         "PYTHONPATH": "/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages",
         "PATH": "/usr/bin",
         "PYTHONHOME": "/x",
+        # exported by vLLM's CuTe-DSL 4.6.0 at import; would load the wrong runtime in the peer
+        "CUTE_DSL_LIBS": "/tmp/site/nvidia_cutlass_dsl/cu13/lib/libcute_dsl_runtime.so",
     }
     env = kernels.fa4_peer_env("/tmp/site-fa4", base)
+    assert "CUTE_DSL_LIBS" not in env
     entries = env["PYTHONPATH"].split(os.pathsep)
     assert entries[0] == "/tmp/site-fa4"
     assert not any(e == "/tmp/site" or e.startswith("/tmp/site/") for e in entries)

@@ -10,7 +10,7 @@ import textwrap  # noqa: E402
 
 import pytest  # noqa: E402
 
-from vllm_fa4.kernels.config import KernelKey  # noqa: E402
+from vllm_fa4.kernels.config import ALL_VARIANTS, KernelKey, Variant  # noqa: E402
 
 # Representative matrix (~30 variants): every dtype x head_dim at page 16 / qpk 4, every page
 # size at bf16 / hd128 / qpk 4, odd and extreme GQA groups at bf16 / hd128 / page 16.
@@ -30,12 +30,36 @@ def test_compile_key(key):
     assert compile_kernel(key, has_lse=True) is not None
 
 
-@pytest.mark.parametrize("overlap", [False, True])
-def test_compile_variants(overlap):
+# Every non-base variant at the benchmark key; the combined variant also at the head-dim /
+# page / GQA extremes (smem epilogue lane layout per head dim, box splitting at page 128).
+VARIANT_CASES = [(v.name, KernelKey("bfloat16", 128, 16, 4)) for v in ALL_VARIANTS[1:]] + [
+    ("pingpong+box64", KernelKey("bfloat16", 128, 128, 4)),
+    ("overlap+pingpong+smemepi+box32", KernelKey("bfloat16", 128, 64, 4)),
+    ("overlap+pingpong+smemepi", KernelKey("float16", 64, 128, 1)),
+    ("overlap+pingpong+smemepi", KernelKey("bfloat16", 256, 16, 3)),
+    ("pingpong+smemepi", KernelKey("bfloat16", 256, 128, 8)),
+]
+
+
+@pytest.mark.parametrize("spec,key", VARIANT_CASES, ids=[f"{s}-{k!r}" for s, k in VARIANT_CASES])
+def test_compile_variants(spec, key):
     from vllm_fa4.kernels.compile import compile_kernel
 
-    key = KernelKey("bfloat16", 128, 16, 4)
-    assert compile_kernel(key, has_lse=False, overlap=overlap) is not None
+    assert compile_kernel(key, has_lse=True, variant=Variant.parse(spec)) is not None
+
+
+def test_variant_names_roundtrip():
+    from vllm_fa4.kernels.config import kernel_config, parse_variants
+
+    for v in ALL_VARIANTS:
+        assert Variant.parse(v.name) == v
+    assert parse_variants("all") == ALL_VARIANTS
+    assert parse_variants(None) == (Variant(),)
+    assert parse_variants("base overlap+pingpong") == (Variant(), Variant(True, True))
+    assert kernel_config(KernelKey("bfloat16", 128, 128, 4), Variant.parse("box64")).box_n == 64
+    assert kernel_config(KernelKey("bfloat16", 128, 16, 4), Variant.parse("box64")).box_n == 16
+    with pytest.raises(ValueError):
+        Variant.parse("pingpnog")
 
 
 def test_disk_cache_roundtrip(tmp_path):
@@ -48,7 +72,7 @@ def test_disk_cache_roundtrip(tmp_path):
         from vllm_fa4.kernels import compile as c
         from vllm_fa4.kernels.config import KernelKey
         key = KernelKey("bfloat16", 128, 16, 4)
-        path = c._entry_path((key, False, c.INTRA_WG_OVERLAP))
+        path = c._entry_path((key, False, c.VARIANT))
         existed = path.exists()
         called = []
         orig = c.compile_kernel

@@ -9,6 +9,7 @@ our kernel sources, the cutlass / tvm_ffi / python versions and the compile key.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import fcntl
 import hashlib
 import logging
@@ -18,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vllm_fa4.kernels.config import KernelKey, kernel_config
+from vllm_fa4.kernels.config import KernelKey, Variant, kernel_config
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
@@ -29,8 +30,18 @@ from vllm_fa4.kernels.fwd_sm90 import Sm90PagedPrefill  # noqa: E402
 
 logger = logging.getLogger("vllm_fa4")
 
-# Stage B (intra-warpgroup overlap) is opt-in until it has been validated on a GPU.
-INTRA_WG_OVERLAP = os.environ.get("VLLM_FA4_OVERLAP", "0") == "1"
+
+def _variant_from_env() -> Variant:
+    """Read once at import: VLLM_FA4_VARIANT (e.g. "overlap+pingpong+smemepi", default "base");
+    the older VLLM_FA4_OVERLAP=1 adds the intra-WG overlap flag."""
+    v = Variant.parse(os.environ.get("VLLM_FA4_VARIANT", "base"))
+    if os.environ.get("VLLM_FA4_OVERLAP", "0") == "1" and not v.overlap:
+        v = dataclasses.replace(v, overlap=True)
+    return v
+
+
+VARIANT = _variant_from_env()
+INTRA_WG_OVERLAP = VARIANT.overlap  # kept for callers that print it
 
 _DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
 _FN_NAME = "vllm_fa4_prefill"
@@ -103,25 +114,25 @@ def _fake_args(key: KernelKey, has_lse: bool):
     return (mQ, mK, mV, mO, mLSE, mCu, mSeqK, mPT, mWork, cutlass.Float32(1.0), stream)
 
 
-def compile_kernel(key: KernelKey, has_lse: bool = True, overlap: bool | None = None):
+def compile_kernel(key: KernelKey, has_lse: bool = True, variant: Variant | None = None):
     """Trace and compile one variant (no cache)."""
     reason = key.unsupported_reason()
     if reason is not None:
         raise ValueError(f"vllm_fa4: unsupported kernel key {key}: {reason}")
-    cfg = kernel_config(key, INTRA_WG_OVERLAP if overlap is None else overlap)
+    cfg = kernel_config(key, VARIANT if variant is None else variant)
     kern = Sm90PagedPrefill(key, cfg, has_lse)
     return cute.compile(kern, *_fake_args(key, has_lse), options="--enable-tvm-ffi")
 
 
 def _load_or_compile(ck: tuple):
-    key, has_lse, overlap = ck
+    key, has_lse, variant = ck
     path = _entry_path(ck)
     lock_path = path.with_suffix(".lock")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError:
         logger.warning("vllm_fa4: kernel cache dir %s unusable; compiling", path.parent)
-        return compile_kernel(key, has_lse, overlap)
+        return compile_kernel(key, has_lse, variant)
     with open(lock_path, "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # TP ranks: one compiles, the others then load
         if path.exists():
@@ -132,7 +143,7 @@ def _load_or_compile(ck: tuple):
             except Exception as e:  # a bad entry is a miss
                 logger.warning("vllm_fa4: dropping bad cache entry %s (%s)", path, e)
                 path.unlink(missing_ok=True)
-        fn = compile_kernel(key, has_lse, overlap)
+        fn = compile_kernel(key, has_lse, variant)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".o.tmp")
         os.close(fd)
         try:
@@ -146,8 +157,9 @@ def _load_or_compile(ck: tuple):
         return fn
 
 
-def get_kernel(key: KernelKey, has_lse: bool, overlap: bool | None = None):
-    ck = (key, has_lse, INTRA_WG_OVERLAP if overlap is None else overlap)
+def get_kernel(key: KernelKey, has_lse: bool, variant: Variant | None = None):
+    # The cache key (memory and disk, via repr) holds every Variant field.
+    ck = (key, has_lse, VARIANT if variant is None else variant)
     fn = _compiled.get(ck)
     if fn is None:
         fn = _compiled[ck] = _load_or_compile(ck)
@@ -181,11 +193,13 @@ def prefill_forward(
     page_table,
     work_tiles,
     softmax_scale,
+    variant: Variant | None = None,
 ) -> None:
-    ck = (key, lse is not None, INTRA_WG_OVERLAP)
+    """`variant` None -> the process-wide VARIANT (env); tests and benchmarks pass one."""
+    ck = (key, lse is not None, VARIANT if variant is None else variant)
     fn = _compiled.get(ck)
     if fn is None:
-        fn = get_kernel(key, lse is not None)
+        fn = get_kernel(key, lse is not None, ck[2])
     fn(
         q,
         k_cache,

@@ -6,6 +6,7 @@ which tile a key uses without paying for the DSL import.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 SUPPORTED_DTYPES = ("bfloat16", "float16")
@@ -58,6 +59,73 @@ def tokens_per_tile(head_dim: int, qhead_per_kvhead: int) -> int:
 
 
 @dataclass(frozen=True)
+class Variant:
+    """Compile-time performance switches (all part of the compile / disk-cache key).
+
+    Spelled as a string for env vars and test ids: flags joined by '+', e.g.
+    ``"overlap+pingpong+smemepi"``; ``"base"`` is no flag. ``boxN`` caps the K/V TMA box rows.
+    """
+
+    overlap: bool = False  # intra-WG overlap: S_j and P_{j+1} V_{j+1} issued back to back
+    pingpong: bool = False  # inter-WG ping-pong: the two consumer WGs take turns issuing GEMMs
+    smem_epilogue: bool = False  # O staged through sQ, 16-byte row stores
+    max_box_n: int = 128  # cap on rows per K/V TMA box (pages > cap are split into boxes)
+
+    @property
+    def name(self) -> str:
+        parts = [f for f in ("overlap", "pingpong") if getattr(self, f)]
+        if self.smem_epilogue:
+            parts.append("smemepi")
+        if self.max_box_n != 128:
+            parts.append(f"box{self.max_box_n}")
+        return "+".join(parts) or "base"
+
+    @classmethod
+    def parse(cls, spec: str) -> "Variant":
+        flags: dict = {}
+        for tok in spec.replace(",", "+").split("+"):
+            tok = tok.strip().lower()
+            if tok in ("", "base"):
+                continue
+            if tok in ("overlap", "pingpong"):
+                flags[tok] = True
+            elif tok == "smemepi":
+                flags["smem_epilogue"] = True
+            elif tok.startswith("box") and tok[3:] in ("16", "32", "64", "128"):
+                flags["max_box_n"] = int(tok[3:])
+            else:
+                raise ValueError(f"vllm_fa4: unknown kernel variant flag {tok!r} in {spec!r}")
+        return cls(**flags)
+
+
+DEFAULT_VARIANT = Variant()
+
+# The set the GPU tests / benchmark sweep with `all` (named, so ids are stable).
+ALL_VARIANTS = tuple(
+    Variant.parse(s)
+    for s in (
+        "base",
+        "pingpong",
+        "overlap",
+        "overlap+pingpong",
+        "smemepi",
+        "overlap+pingpong+smemepi",
+        "pingpong+smemepi",
+        "pingpong+box64",
+    )
+)
+
+
+def parse_variants(spec: str | None) -> tuple[Variant, ...]:
+    """``all`` | comma-free list of variant specs separated by spaces or ';'."""
+    if not spec:
+        return (DEFAULT_VARIANT,)
+    if spec.strip() == "all":
+        return ALL_VARIANTS
+    return tuple(Variant.parse(s) for s in re.split(r"[;\s]+", spec.strip()) if s)
+
+
+@dataclass(frozen=True)
 class KernelConfig:
     """Derived, compile-time launch configuration for one KernelKey (host only)."""
 
@@ -70,19 +138,25 @@ class KernelConfig:
     mma_regs: int = 240
     # Stage B: issue S_j = Q K_j^T and O += P_{j+1} V_{j+1} back to back (FA3 intra-WG overlap).
     intra_wg_overlap: bool = False
+    # Inter-WG ping-pong through two named barriers (one WG's softmax under the other's GEMMs).
+    pingpong: bool = False
+    # Epilogue: stage O in the WG's own slice of sQ, then 16-byte vector stores per row.
+    smem_epilogue: bool = False
 
     @property
     def num_threads(self) -> int:
         return 128 * (self.num_mma_wg + 1)
 
 
-def kernel_config(key: KernelKey, intra_wg_overlap: bool = False) -> KernelConfig:
+def kernel_config(key: KernelKey, variant: Variant = DEFAULT_VARIANT) -> KernelConfig:
     tile_m, tile_n = tile_shape(key.head_dim)
     # smem: Q tile_m*D + (K+V) per stage 2*tile_n*D elements; 2 stages fit all head dims.
     return KernelConfig(
         tile_m=tile_m,
         tile_n=tile_n,
-        box_n=min(key.page_size, tile_n),
+        box_n=min(key.page_size, tile_n, variant.max_box_n),
         kv_stages=2,
-        intra_wg_overlap=intra_wg_overlap,
+        intra_wg_overlap=variant.overlap,
+        pingpong=variant.pingpong,
+        smem_epilogue=variant.smem_epilogue,
     )

@@ -8,8 +8,13 @@ One CTA per work tile (batch, kv_head, m_block). 3 warpgroups:
        on the diagonal blocks, online softmax (exp2), O += P V (RS wgmma, P from registers).
        Epilogue: normalize, predicated direct stores of O and LSE.
 
-`intra_wg_overlap` (stage B): S_j = Q K_j^T and O += P_{j+1} V_{j+1} are issued back to
-back and the softmax of S_j runs while the P V GEMM is in flight.
+Compile-time variants (KernelConfig):
+  intra_wg_overlap  S_j = Q K_j^T and O += P_{j+1} V_{j+1} are issued back to back and the
+                    softmax of S_j runs while the P V GEMM is in flight.
+  pingpong          the two consumer warpgroups take turns issuing GEMMs (barriers.py), so
+                    one warpgroup's softmax runs under the other's GEMMs. Without
+                    intra_wg_overlap a turn is {P_{j+1} V_{j+1}, S_j}.
+  smem_epilogue     O staged through the warpgroup's slice of sQ, 16-byte row stores.
 """
 
 from typing import Optional
@@ -23,7 +28,9 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
 
+from vllm_fa4.kernels.barriers import turn_pass, turn_wait, turns_begin, wg_sync
 from vllm_fa4.kernels.config import KernelConfig, KernelKey, tokens_per_tile
+from vllm_fa4.kernels.epilogue import write_output
 from vllm_fa4.kernels.mask import apply_causal_mask
 from vllm_fa4.kernels.paged_kv import D_CHUNK, load_paged_tile, partition_pool_tiles, pool_view
 from vllm_fa4.kernels.scheduler import decode_tile
@@ -32,14 +39,10 @@ from vllm_fa4.kernels.softmax import (
     acc_as_operand_a,
     acc_rows_view,
     scale_rows,
-    softmax_finish,
     softmax_step,
 )
 
 _DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
-
-# Named barrier ids (0 is __syncthreads): one per consumer warpgroup for WG-local syncs.
-_BAR_WG_BASE = 1
 
 
 @cute.jit
@@ -414,7 +417,7 @@ class Sm90PagedPrefill:
         cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(0)
         cute.arch.fence_view_async_shared()
-        cute.arch.barrier(barrier_id=_BAR_WG_BASE + wg, number_of_threads=128)
+        wg_sync(wg)
 
     @cute.jit
     def zero_v_tail(self, sV: cute.Tensor, stage: Int32, first_row: Int32, tidx: Int32, wg):
@@ -430,7 +433,7 @@ class Sm90PagedPrefill:
             for e in cutlass.range_constexpr(vec):
                 sVs[r, c0 + e] = self.dtype(0.0)
         cute.arch.fence_view_async_shared()
-        cute.arch.barrier(barrier_id=_BAR_WG_BASE + wg, number_of_threads=128)
+        wg_sync(wg)
 
     @cute.jit
     def consume(
@@ -468,6 +471,7 @@ class Sm90PagedPrefill:
         tScS = thr_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
         num_rows = cute.size(acc_rows_view(acc_O), mode=[0])
 
+        turns_begin(self.cfg.pingpong, wg)
         self.load_q(work, mQ, sQ, tidx, wg)
 
         row_max = cute.make_rmem_tensor(num_rows, Float32)
@@ -480,12 +484,16 @@ class Sm90PagedPrefill:
         n_max = work.n_block_max
         diag = work.k_len - work.q_len
 
+        pp = self.cfg.pingpong
         if n_max > 0:
             # First (right-most) block: masked, and may hold the partial last page.
             n_block = n_max - 1
             pipe_k.consumer_wait(state)
             acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
-            _wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True, 0)
+            turn_wait(pp, wg)
+            _wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True, -1)
+            turn_pass(pp, wg)
+            warpgroup.wait_group(0)
             pipe_k.consumer_release(state)
             apply_causal_mask(acc_S, tScS, n_block, work.first_token, diag, self.qpk, self.tile_n)
             softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, True)
@@ -494,7 +502,7 @@ class Sm90PagedPrefill:
             valid_rows = work.k_len - n_block * self.tile_n
             if valid_rows < self.tile_n:
                 self.zero_v_tail(sV, state.index, valid_rows, tidx, wg)
-            if cutlass.const_expr(not self.cfg.intra_wg_overlap):
+            if cutlass.const_expr(not self.cfg.intra_wg_overlap and not pp):
                 _wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False, 0)
                 pipe_v.consumer_release(state)
                 state.advance()
@@ -517,6 +525,39 @@ class Sm90PagedPrefill:
                     )
                     pipe_v.consumer_release(state)
                     state.advance()
+            elif cutlass.const_expr(not self.cfg.intra_wg_overlap):
+                # Ping-pong without intra-WG overlap: one turn = {P_{j+1} V_{j+1}, S_j}; the
+                # softmax of S_j then runs while the other warpgroup issues its turn.
+                state_v = state.clone()
+                state.advance()
+                for i in cutlass.range(1, n_max, unroll=1):
+                    n_block = n_max - 1 - i
+                    pipe_k.consumer_wait(state)
+                    acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
+                    turn_wait(pp, wg)
+                    _wgmma(
+                        tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state_v.index], False, -1
+                    )
+                    _wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True, -1)
+                    turn_pass(pp, wg)
+                    warpgroup.wait_group(0)
+                    pipe_v.consumer_release(state_v)
+                    pipe_k.consumer_release(state)
+                    if n_block >= work.n_block_mask:
+                        apply_causal_mask(
+                            acc_S, tScS, n_block, work.first_token, diag, self.qpk, self.tile_n
+                        )
+                    softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False)
+                    scale_rows(acc_O, row_scale)
+                    tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+                    state.advance()
+                    state_v.advance()
+                    pipe_v.consumer_wait(state_v)
+                turn_wait(pp, wg)
+                _wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state_v.index], False, -1)
+                turn_pass(pp, wg)
+                warpgroup.wait_group(0)
+                pipe_v.consumer_release(state_v)
             else:
                 # V of block j+1 sits in state_v, one stage behind K's state.
                 state_v = state.clone()
@@ -525,10 +566,12 @@ class Sm90PagedPrefill:
                     n_block = n_max - 1 - i
                     pipe_k.consumer_wait(state)
                     acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
+                    turn_wait(pp, wg)
                     _wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True, -1)
                     _wgmma(
                         tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state_v.index], False, -1
                     )
+                    turn_pass(pp, wg)
                     warpgroup.wait_group(1)  # S_j done; P_{j+1} V_{j+1} may still run
                     pipe_k.consumer_release(state)
                     if n_block >= work.n_block_mask:
@@ -543,41 +586,27 @@ class Sm90PagedPrefill:
                     state.advance()
                     state_v.advance()
                     pipe_v.consumer_wait(state_v)
-                _wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state_v.index], False, 0)
+                turn_wait(pp, wg)
+                _wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state_v.index], False, -1)
+                turn_pass(pp, wg)
+                warpgroup.wait_group(0)
                 pipe_v.consumer_release(state_v)
 
-        self.epilogue(work, mO, mLSE, acc_O, row_max, row_sum, scale_log2, thr_pv, num_rows)
-
-    @cute.jit
-    def epilogue(
-        self,
-        work,
-        mO,
-        mLSE,
-        acc_O,
-        row_max,
-        row_sum,
-        scale_log2,
-        thr_pv,
-        num_rows: cutlass.Constexpr,
-    ):
-        inv_sum = cute.make_rmem_tensor(num_rows, Float32)
-        lse = cute.make_rmem_tensor(num_rows, Float32)
-        softmax_finish(row_max, row_sum, scale_log2, inv_sum, lse)
-        scale_rows(acc_O, inv_sum)
-        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
-        rO.store(acc_O.load().to(self.dtype))
-        oR = acc_rows_view(rO)
-        oC = acc_rows_view(thr_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.hd))))
-        for i in cutlass.range_constexpr(num_rows):
-            row = oC[i, 0][0]
-            tok_local = row // self.qpk
-            if tok_local < self.tpt and work.first_token + tok_local < work.q_len:
-                tok = work.q_start + work.first_token + tok_local
-                head = work.kv_head * self.qpk + row % self.qpk
-                mOrow = mO[tok, head, None]
-                for j in cutlass.range_constexpr(cute.size(oR, mode=[1])):
-                    mOrow[oC[0, j][1]] = oR[i, j]
-                if cutlass.const_expr(self.has_lse):
-                    if oC[0, 0][1] == 0:
-                        mLSE[head, tok] = lse[i]
+        write_output(
+            work,
+            mO,
+            mLSE,
+            sQ,
+            acc_O,
+            row_max,
+            row_sum,
+            scale_log2,
+            thr_pv,
+            tidx,
+            wg,
+            self.dtype,
+            self.qpk,
+            self.tpt,
+            self.has_lse,
+            self.cfg.smem_epilogue,
+        )
