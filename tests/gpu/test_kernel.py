@@ -5,13 +5,13 @@ variant from VLLM_FA4_VARIANT; ``all`` = config.ALL_VARIANTS; or a list such as
 "base overlap+pingpong"). Example: VLLM_FA4_TEST_VARIANTS=all pytest tests/gpu/test_kernel.py
 """
 
-import math
 import os
 
 import pytest
 import torch
 
 from vllm_fa4.kernels.config import KernelKey, parse_variants, tile_shape, tokens_per_tile
+from vllm_fa4.paged_prefill.plan import build_work_tiles as plan_work_tiles
 
 pytestmark = pytest.mark.gpu
 
@@ -37,21 +37,11 @@ DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def build_work_tiles(cu_seqlens_q, seqused_k, num_kv_heads, head_dim, qpk, device):
-    """(batch, kv_head, m_block, cost) rows, longest first; q_len == 0 requests get none."""
-    _, tile_n = tile_shape(head_dim)
-    tpt = tokens_per_tile(head_dim, qpk)
-    cu = cu_seqlens_q.tolist()
-    ks = seqused_k.tolist()
-    rows = []
-    for b in range(len(ks)):
-        q_len, k_len = cu[b + 1] - cu[b], ks[b]
-        for m in range(math.ceil(q_len / tpt)):
-            last = min((m + 1) * tpt, q_len) - 1
-            cost = max(0, math.ceil((k_len - q_len + last + 1) / tile_n))
-            for h in range(num_kv_heads):
-                rows.append((b, h, m, cost))
-    rows.sort(key=lambda r: -r[3])
-    return torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1, 4)
+    """The planner's LPT work list (batch, kv_head, m_block, cost) for this batch."""
+    cu, k_lens = cu_seqlens_q.cpu().numpy(), seqused_k.cpu().numpy()
+    rows = plan_work_tiles(cu[1:] - cu[:-1], k_lens, num_kv_heads,
+                           tokens_per_tile(head_dim, qpk), tile_shape(head_dim)[1])
+    return torch.from_numpy(rows).to(device=device, dtype=torch.int32).reshape(-1, 4)
 
 
 def run_case(specs, hq, hkv, hd, page, dtype, variant, seed=0, check_lse=True, q_pad=0):
