@@ -217,21 +217,14 @@ class Sm90PagedPrefill:
         one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         # consumer_release arrives once per warp (lane 0), so count warps.
         mma_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads // 32)
-        pipe_k = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_k.data_ptr(),
-            num_stages=self.stages,
-            producer_group=one_thread,
-            consumer_group=mma_warps,
-            tx_count=kv_bytes,
-            defer_sync=True,
-        )
-        pipe_v = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_v.data_ptr(),
-            num_stages=self.stages,
-            producer_group=one_thread,
-            consumer_group=mma_warps,
-            tx_count=kv_bytes,
-            defer_sync=True,
+        # K and V ride separate TMA pipelines so S = QK^T can start before V lands.
+        pipe_k, pipe_v = (
+            pipeline.PipelineTmaAsync.create(
+                barrier_storage=barriers.data_ptr(), num_stages=self.stages,
+                producer_group=one_thread, consumer_group=mma_warps, tx_count=kv_bytes,
+                defer_sync=True,
+            )
+            for barriers in (storage.mbar_k, storage.mbar_v)
         )
         pipeline.pipeline_init_arrive()
 
@@ -436,6 +429,15 @@ class Sm90PagedPrefill:
         wg_sync(wg)
 
     @cute.jit
+    def softmax_block(
+        self, acc_S, tScS, n_block, work, diag, row_max, row_sum, row_scale, scale_log2
+    ):
+        """Online softmax of a block after the first: the causal mask only on diagonal blocks."""
+        if n_block >= work.n_block_mask:
+            apply_causal_mask(acc_S, tScS, n_block, work.first_token, diag, self.qpk, self.tile_n)
+        softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False)
+
+    @cute.jit
     def consume(
         self,
         work,
@@ -512,11 +514,9 @@ class Sm90PagedPrefill:
                     acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
                     _wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True, 0)
                     pipe_k.consumer_release(state)
-                    if n_block >= work.n_block_mask:
-                        apply_causal_mask(
-                            acc_S, tScS, n_block, work.first_token, diag, self.qpk, self.tile_n
-                        )
-                    softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False)
+                    self.softmax_block(
+                        acc_S, tScS, n_block, work, diag, row_max, row_sum, row_scale, scale_log2
+                    )
                     scale_rows(acc_O, row_scale)
                     tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
                     pipe_v.consumer_wait(state)
@@ -543,11 +543,9 @@ class Sm90PagedPrefill:
                     warpgroup.wait_group(0)
                     pipe_v.consumer_release(state_v)
                     pipe_k.consumer_release(state)
-                    if n_block >= work.n_block_mask:
-                        apply_causal_mask(
-                            acc_S, tScS, n_block, work.first_token, diag, self.qpk, self.tile_n
-                        )
-                    softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False)
+                    self.softmax_block(
+                        acc_S, tScS, n_block, work, diag, row_max, row_sum, row_scale, scale_log2
+                    )
                     scale_rows(acc_O, row_scale)
                     tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
                     state.advance()
@@ -574,11 +572,9 @@ class Sm90PagedPrefill:
                     turn_pass(pp, wg)
                     warpgroup.wait_group(1)  # S_j done; P_{j+1} V_{j+1} may still run
                     pipe_k.consumer_release(state)
-                    if n_block >= work.n_block_mask:
-                        apply_causal_mask(
-                            acc_S, tScS, n_block, work.first_token, diag, self.qpk, self.tile_n
-                        )
-                    softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False)
+                    self.softmax_block(
+                        acc_S, tScS, n_block, work, diag, row_max, row_sum, row_scale, scale_log2
+                    )
                     warpgroup.wait_group(0)
                     pipe_v.consumer_release(state_v)
                     scale_rows(acc_O, row_scale)
