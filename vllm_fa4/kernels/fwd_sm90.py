@@ -551,11 +551,6 @@ class Sm90PagedPrefill:
                     state.advance()
                     state_v.advance()
                     pipe_v.consumer_wait(state_v)
-                turn_wait(pp, wg)
-                _wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state_v.index], False, -1)
-                turn_pass(pp, wg)
-                warpgroup.wait_group(0)
-                pipe_v.consumer_release(state_v)
             else:
                 # V of block j+1 sits in state_v, one stage behind K's state.
                 state_v = state.clone()
@@ -582,6 +577,8 @@ class Sm90PagedPrefill:
                     state.advance()
                     state_v.advance()
                     pipe_v.consumer_wait(state_v)
+            if cutlass.const_expr(self.cfg.intra_wg_overlap or pp):
+                # The last block's P V, left in flight by both overlapped loops.
                 turn_wait(pp, wg)
                 _wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state_v.index], False, -1)
                 turn_pass(pp, wg)
