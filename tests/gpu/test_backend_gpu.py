@@ -93,7 +93,6 @@ def test_fa4_matches_flash_attn_on_random_batches(vllm_config_for, seed):
     from vllm_fa4.backend import FA4AttentionBackend
     from vllm_fa4.testing.cases import make_paged_case
     from vllm_fa4.testing.checks import assert_attention_close
-    from vllm_fa4.testing.reference import paged_attention_reference
 
     rng = random.Random(seed)
     shapes = [(32, 8, 128), (32, 8, 64), (16, 2, 128), (8, 1, 256)]
@@ -118,10 +117,8 @@ def test_fa4_matches_flash_attn_on_random_batches(vllm_config_for, seed):
 
     flat[case.slot_mapping, :, :d] = new_k
     flat[case.slot_mapping, :, d:] = new_v
-    args = (case.q, case.k_cache, case.v_cache, case.cu_seqlens_q, case.seqused_k,
-            case.page_table, case.softmax_scale)
-    ref, _ = paged_attention_reference(*args)
-    lowp, _ = paged_attention_reference(*args, compute_dtype=torch.bfloat16)
+    ref, _ = case.reference()
+    lowp, _ = case.reference(compute_dtype=torch.bfloat16)
     assert_attention_close(out_fa4, ref, lowp, cu_seqlens_q=case.cu_seqlens_q)
     # FLASH_ATTN on the same batch is the other correct answer; FA3 may turn NaN in unused
     # cache slots into NaN output (flash-attention issue #2374), so compare where it is finite.

@@ -46,7 +46,7 @@ def build_work_tiles(cu_seqlens_q, seqused_k, num_kv_heads, head_dim, qpk, devic
 
 def run_case(specs, hq, hkv, hd, page, dtype, variant, seed=0, check_lse=True, q_pad=0):
     from vllm_fa4.kernels.compile import prefill_forward
-    from vllm_fa4.testing import cases, checks, reference
+    from vllm_fa4.testing import cases, checks
 
     case = cases.make_paged_case(specs, hq, hkv, hd, page, dtype, "cuda", seed=seed)
     q = case.q
@@ -75,17 +75,8 @@ def run_case(specs, hq, hkv, hd, page, dtype, variant, seed=0, check_lse=True, q
             variant,
         )
     torch.cuda.synchronize()
-    args = (
-        q,
-        case.k_cache,
-        case.v_cache,
-        case.cu_seqlens_q,
-        case.seqused_k,
-        case.page_table,
-        case.softmax_scale,
-    )
-    ref, ref_lse = reference.paged_attention_reference(*args)
-    lowp, _ = reference.paged_attention_reference(*args, compute_dtype=dtype)
+    ref, ref_lse = case.reference(q)
+    lowp, _ = case.reference(q, compute_dtype=dtype)
     checks.assert_attention_close(out, ref, lowp, cu_seqlens_q=case.cu_seqlens_q)
     if check_lse:
         checks.assert_lse_close(lse, ref_lse)

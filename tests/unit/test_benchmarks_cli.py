@@ -241,15 +241,7 @@ def test_reference_subset_equals_full_reference_rows():
     specs = [(40, 40), (300, 700), (5, 9)]
     case = make_paged_case(specs, 4, 2, 16, 16, torch.float32, "cpu", seed=1)
     prob = peers.problem_from_case(case, specs, 16)
-    full, _ = reference(
-        case.q,
-        case.k_cache,
-        case.v_cache,
-        case.cu_seqlens_q,
-        case.seqused_k,
-        case.page_table,
-        case.softmax_scale,
-    )
+    full, _ = case.reference()
     ref = check.build_reference(prob, rows=32, requests=3)
     assert ref.rows.numel() == 40 + 64 + 5
     torch.testing.assert_close(ref.ref_out, full.index_select(0, ref.rows), rtol=1e-5, atol=1e-5)

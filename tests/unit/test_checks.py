@@ -7,23 +7,13 @@ import torch
 
 from vllm_fa4.testing.cases import make_paged_case
 from vllm_fa4.testing.checks import assert_attention_close, assert_lse_close
-from vllm_fa4.testing.reference import paged_attention_reference
 
 
 @pytest.fixture(scope="module")
 def outs():
     case = make_paged_case([(20, 60), (30, 30)], 4, 2, 64, 16, torch.bfloat16, "cpu", seed=5)
-    args = (
-        case.q,
-        case.k_cache,
-        case.v_cache,
-        case.cu_seqlens_q,
-        case.seqused_k,
-        case.page_table,
-        case.softmax_scale,
-    )
-    ref, lse = paged_attention_reference(*args)
-    lowp, _ = paged_attention_reference(*args, compute_dtype=torch.bfloat16)
+    ref, lse = case.reference()
+    lowp, _ = case.reference(compute_dtype=torch.bfloat16)
     return case, ref, lowp, lse
 
 

@@ -45,25 +45,12 @@ def _float64_ref(case):
     return out, lse
 
 
-def _ref(case, **kw):
-    return paged_attention_reference(
-        case.q,
-        case.k_cache,
-        case.v_cache,
-        case.cu_seqlens_q,
-        case.seqused_k,
-        case.page_table,
-        case.softmax_scale,
-        **kw,
-    )
-
-
 @pytest.mark.parametrize("page_size", [16, 32, 64, 128])
 def test_matches_float64_loops(page_size):
     # GQA 4, a chunk after a prefix, a fresh prefill, q_len 0, a single-token chunk.
     specs = [(5, 40), (0, 7), (17, 17), (1, 130), (33, 100)]
     case = make_paged_case(specs, 8, 2, 32, page_size, torch.float32, "cpu", seed=page_size)
-    out, lse = _ref(case)
+    out, lse = case.reference()
     ref_out, ref_lse = _float64_ref(case)
     assert out.dtype == torch.float32 and out.shape == case.q.shape
     assert lse.shape == (8, case.num_tokens)
@@ -75,7 +62,7 @@ def test_matches_float64_loops(page_size):
 def test_matches_sdpa_bottom_right_causal(hq, hkv):
     specs = [(37, 37), (20, 75), (3, 16)]
     case = make_paged_case(specs, hq, hkv, 64, 16, torch.float32, "cpu", seed=hq + hkv)
-    out, _ = _ref(case)
+    out, _ = case.reference()
     cu = case.query_start_loc_cpu.tolist()
     for b, (q_len, k_len) in enumerate(specs):
         k, v = _dense_kv(case, b)
@@ -93,7 +80,7 @@ def test_matches_sdpa_bottom_right_causal(hq, hkv):
 def test_nan_poison_does_not_leak_and_cache_is_poisoned():
     case = make_paged_case([(9, 23), (16, 16)], 4, 2, 32, 16, torch.float32, "cpu")
     assert torch.isnan(case.kv_cache).any()
-    out, lse = _ref(case)
+    out, lse = case.reference()
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
 
 
@@ -118,17 +105,17 @@ def test_chunking_is_invisible(monkeypatch):
     import vllm_fa4.testing.reference as reference
 
     case = make_paged_case([(50, 90), (7, 7)], 4, 2, 16, 16, torch.float32, "cpu")
-    full, full_lse = _ref(case)
+    full, full_lse = case.reference()
     monkeypatch.setattr(reference, "_MAX_ROWS_PER_CHUNK", 3)
-    chunked, chunked_lse = _ref(case)
+    chunked, chunked_lse = case.reference()
     torch.testing.assert_close(chunked, full, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(chunked_lse, full_lse, atol=1e-6, rtol=1e-6)
 
 
 def test_bf16_variant_is_low_precision_but_close():
     case = make_paged_case([(40, 100), (64, 64)], 8, 2, 64, 16, torch.bfloat16, "cpu")
-    ref, _ = _ref(case)
-    lowp, lse = _ref(case, compute_dtype=torch.bfloat16)
+    ref, _ = case.reference()
+    lowp, lse = case.reference(compute_dtype=torch.bfloat16)
     assert lowp.dtype == torch.bfloat16 and lse.dtype == torch.float32
     err = (lowp.float() - ref).abs().max().item()
     assert 0 < err < 5e-2  # really computed in bf16, and still right

@@ -60,6 +60,15 @@ class PagedCase:
     def max_seqlen_k(self) -> int:
         return max((s[1] for s in self.specs), default=0)
 
+    def reference(self, q: torch.Tensor | None = None, **kwargs):
+        """``paged_attention_reference`` on this case (``q`` overrides the case's queries)."""
+        from vllm_fa4.testing.reference import paged_attention_reference
+
+        return paged_attention_reference(
+            self.q if q is None else q, self.k_cache, self.v_cache, self.cu_seqlens_q,
+            self.seqused_k, self.page_table, self.softmax_scale, **kwargs,
+        )
+
     def new_out(self, poison: bool = True) -> torch.Tensor:
         """An output buffer [total_q, Hq, D] in q's dtype, NaN-filled so unwritten rows show."""
         fill = float("nan") if poison else 0.0
