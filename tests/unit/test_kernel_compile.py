@@ -10,15 +10,26 @@ import textwrap  # noqa: E402
 
 import pytest  # noqa: E402
 
-from vllm_fa4.kernels.config import ALL_VARIANTS, KernelKey, Variant  # noqa: E402
+from vllm_fa4.kernels.config import (  # noqa: E402
+    ALL_VARIANTS,
+    SUPPORTED_DTYPES,
+    SUPPORTED_HEAD_DIMS,
+    SUPPORTED_PAGE_SIZES,
+    KernelKey,
+    Variant,
+)
 
-# Representative matrix (~30 variants): every dtype x head_dim at page 16 / qpk 4, every page
-# size at bf16 / hd128 / qpk 4, odd and extreme GQA groups at bf16 / hd128 / page 16.
+# Every compile-time key a Llama-family model can need (dtype x head dim x page size) at GQA 4,
+# plus odd and extreme GQA groups (the group size only changes row-to-head arithmetic).
 KEYS = sorted(
-    {KernelKey(dt, hd, 16, 4) for dt in ("bfloat16", "float16") for hd in (64, 128, 256)}
-    | {KernelKey("bfloat16", 128, ps, 4) for ps in (16, 32, 64, 128)}
-    | {KernelKey("bfloat16", 128, 16, qpk) for qpk in (1, 3, 8)}
-    | {KernelKey("bfloat16", 256, ps, 4) for ps in (16, 128)},
+    {
+        KernelKey(dt, hd, ps, 4)
+        for dt in SUPPORTED_DTYPES
+        for hd in SUPPORTED_HEAD_DIMS
+        for ps in SUPPORTED_PAGE_SIZES
+    }
+    | {KernelKey("bfloat16", 128, 16, qpk) for qpk in (1, 3, 8, 32)}
+    | {KernelKey("float16", 64, 32, 3)},
     key=repr,
 )
 
