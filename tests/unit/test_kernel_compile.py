@@ -49,6 +49,10 @@ VARIANT_CASES = [(v.name, KernelKey("bfloat16", 128, 16, 4)) for v in ALL_VARIAN
     ("overlap+pingpong+smemepi", KernelKey("float16", 64, 128, 1)),
     ("overlap+pingpong+smemepi", KernelKey("bfloat16", 256, 16, 3)),
     ("pingpong+smemepi", KernelKey("bfloat16", 256, 128, 8)),
+    ("stages3", KernelKey("float16", 64, 16, 3)),
+    ("pingpong+pagepf", KernelKey("bfloat16", 128, 128, 4)),
+    ("overlap+pingpong+pagepf+box32", KernelKey("bfloat16", 128, 64, 4)),
+    ("overlap+pagepf", KernelKey("float16", 256, 16, 3)),
 ]
 
 
@@ -57,6 +61,14 @@ def test_compile_variants(spec, key):
     from vllm_fa4.kernels.compile import compile_kernel
 
     assert compile_kernel(key, has_lse=True, variant=Variant.parse(spec)) is not None
+
+
+def test_three_stages_refused_where_shared_memory_is_short():
+    from vllm_fa4.kernels.config import kernel_config
+
+    assert kernel_config(KernelKey("bfloat16", 128, 16, 4), Variant.parse("stages3")).kv_stages == 3
+    with pytest.raises(ValueError, match="shared memory"):
+        kernel_config(KernelKey("bfloat16", 256, 16, 4), Variant.parse("stages3"))
 
 
 def test_variant_names_roundtrip():

@@ -70,6 +70,10 @@ class Variant:
     pingpong: bool = False  # inter-WG ping-pong: the two consumer WGs take turns issuing GEMMs
     smem_epilogue: bool = False  # O staged through sQ, 16-byte row stores
     max_box_n: int = 128  # cap on rows per K/V TMA box (pages > cap are split into boxes)
+    # Producer reads a tile's page-table entries before waiting for the free stage (their
+    # latency hides under the wait) and K and V of one block share one read.
+    page_prefetch: bool = False
+    kv_stages: int = 2  # K/V pipeline depth; 3 fits shared memory for head dims <= 128
 
     @property
     def name(self) -> str:
@@ -78,6 +82,10 @@ class Variant:
             parts.append("smemepi")
         if self.max_box_n != 128:
             parts.append(f"box{self.max_box_n}")
+        if self.page_prefetch:
+            parts.append("pagepf")
+        if self.kv_stages != 2:
+            parts.append(f"stages{self.kv_stages}")
         return "+".join(parts) or "base"
 
     @classmethod
@@ -91,6 +99,10 @@ class Variant:
                 flags[tok] = True
             elif tok == "smemepi":
                 flags["smem_epilogue"] = True
+            elif tok == "pagepf":
+                flags["page_prefetch"] = True
+            elif tok in ("stages2", "stages3"):
+                flags["kv_stages"] = int(tok[-1])
             elif tok.startswith("box") and tok[3:] in ("16", "32", "64", "128"):
                 flags["max_box_n"] = int(tok[3:])
             else:
@@ -112,6 +124,11 @@ ALL_VARIANTS = tuple(
         "overlap+pingpong+smemepi",
         "pingpong+smemepi",
         "pingpong+box64",
+        # not yet measured on a GPU (docs/perf-notes.md, "Diagnosis"): producer-side fixes
+        "pagepf",
+        "pingpong+pagepf",
+        "pingpong+stages3",
+        "overlap+pingpong+pagepf+stages3",
     )
 )
 
@@ -142,21 +159,37 @@ class KernelConfig:
     pingpong: bool = False
     # Epilogue: stage O in the WG's own slice of sQ, then 16-byte vector stores per row.
     smem_epilogue: bool = False
+    # Producer: page-table reads issued before producer_acquire (see Variant.page_prefetch).
+    page_prefetch: bool = False
 
     @property
     def num_threads(self) -> int:
         return 128 * (self.num_mma_wg + 1)
 
 
+SMEM_BYTES = 227 * 1024  # dynamic shared memory one SM90 CTA may use
+
+
 def kernel_config(key: KernelKey, variant: Variant = DEFAULT_VARIANT) -> KernelConfig:
     tile_m, tile_n = tile_shape(key.head_dim)
-    # smem: Q tile_m*D + (K+V) per stage 2*tile_n*D elements; 2 stages fit all head dims.
+    # smem: Q tile_m*D + (K+V) per stage 2*tile_n*D elements (16-bit); 2 stages fit every
+    # head dim, 3 fit head dims <= 128 (224 KB at 128).
+    smem = 2 * key.head_dim * (tile_m + 2 * tile_n * variant.kv_stages)
+    if smem > SMEM_BYTES - 1024:  # keep 1 KB for the mbarriers and alignment
+        raise ValueError(
+            f"vllm_fa4: {variant.kv_stages} K/V stages need {smem // 1024} KB of shared memory "
+            f"at head dim {key.head_dim} (limit {SMEM_BYTES // 1024} KB)"
+        )
     return KernelConfig(
         tile_m=tile_m,
         tile_n=tile_n,
         box_n=min(key.page_size, tile_n, variant.max_box_n),
-        kv_stages=2,
+        kv_stages=variant.kv_stages,
         intra_wg_overlap=variant.overlap,
         pingpong=variant.pingpong,
         smem_epilogue=variant.smem_epilogue,
+        page_prefetch=variant.page_prefetch,
+        # pagepf keeps a tile's page indices live across the acquire: at 24 registers the
+        # producer spills them (page 16), so it takes 16 from the consumers (they use < 190).
+        **({"producer_regs": 40, "mma_regs": 232} if variant.page_prefetch else {}),
     )

@@ -32,7 +32,14 @@ from vllm_fa4.kernels.barriers import turn_pass, turn_wait, turns_begin, wg_sync
 from vllm_fa4.kernels.config import KernelConfig, KernelKey, tokens_per_tile
 from vllm_fa4.kernels.epilogue import write_output
 from vllm_fa4.kernels.mask import apply_causal_mask
-from vllm_fa4.kernels.paged_kv import D_CHUNK, load_paged_tile, partition_pool_tiles, pool_view
+from vllm_fa4.kernels.paged_kv import (
+    D_CHUNK,
+    issue_paged_tile,
+    load_paged_tile,
+    partition_pool_tiles,
+    pool_view,
+    read_tile_pages,
+)
 from vllm_fa4.kernels.scheduler import decode_tile
 from vllm_fa4.kernels.softmax import (
     LOG2_E,
@@ -79,6 +86,7 @@ class Sm90PagedPrefill:
         self.tpt = tokens_per_tile(key.head_dim, key.qhead_per_kvhead)
         self.box_n = cfg.box_n
         self.page_size = key.page_size
+        self._geo = (self.tile_n, self.box_n, self.page_size)  # paged-tile geometry
         self.stages = cfg.kv_stages
         self.num_mma_threads = 128 * cfg.num_mma_wg
         assert self.tile_m == 64 * cfg.num_mma_wg
@@ -269,6 +277,24 @@ class Sm90PagedPrefill:
                 tidx - 128,
             )
 
+    def _tile_pages(self, page_row, k_len, num_blocks, n_block):
+        """With `page_prefetch`, read a tile's page-table entries now (before the stage is
+        acquired, so the load latency overlaps the wait); otherwise None: the load reads
+        them after the acquire."""
+        if not self.cfg.page_prefetch:
+            return None
+        return read_tile_pages(page_row, k_len, num_blocks, n_block, *self._geo)
+
+    def _load_tile(self, src, state, page_row, k_len, num_blocks, n_block, pages):
+        pipe, atom, tXs, tXg = src
+        pipe.producer_acquire(state)
+        mbar = pipe.producer_get_barrier(state)
+        if pages is None:
+            load_paged_tile(atom, tXs, tXg, page_row, k_len, num_blocks, n_block, state.index,
+                            mbar, *self._geo)
+        else:
+            issue_paged_tile(atom, tXs, tXg, pages, n_block, state.index, mbar, *self._geo)
+
     @cute.jit
     def produce(
         self,
@@ -288,101 +314,33 @@ class Sm90PagedPrefill:
         tKs, tKg = partition_pool_tiles(tma_atom_K, mK_tma, sK, work.kv_head, self.box_n)
         tVs, tVg = partition_pool_tiles(tma_atom_V, mV_tma, sV, work.kv_head, self.box_n)
         k_len = work.k_len
-
-        geo = (self.tile_n, self.box_n, self.page_size)
+        ctx = (page_row, k_len, num_blocks)
+        k_src = (pipe_k, tma_atom_K, tKs, tKg)
+        v_src = (pipe_v, tma_atom_V, tVs, tVg)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         n_max = work.n_block_max
         if cutlass.const_expr(not self.cfg.intra_wg_overlap):
             for i in cutlass.range(n_max, unroll=1):
                 n_block = n_max - 1 - i
-                pipe_k.producer_acquire(state)
-                load_paged_tile(
-                    tma_atom_K,
-                    tKs,
-                    tKg,
-                    page_row,
-                    k_len,
-                    num_blocks,
-                    n_block,
-                    state.index,
-                    pipe_k.producer_get_barrier(state),
-                    *geo,
-                )
-                pipe_v.producer_acquire(state)
-                load_paged_tile(
-                    tma_atom_V,
-                    tVs,
-                    tVg,
-                    page_row,
-                    k_len,
-                    num_blocks,
-                    n_block,
-                    state.index,
-                    pipe_v.producer_get_barrier(state),
-                    *geo,
-                )
+                pages = self._tile_pages(*ctx, n_block)  # K and V of one block share the read
+                self._load_tile(k_src, state, *ctx, n_block, pages)
+                self._load_tile(v_src, state, *ctx, n_block, pages)
                 state.advance()
         else:
             # Consumer order: K_j is needed one block before V_j, so issue K_{j-1} before V_j.
             if n_max > 0:
-                pipe_k.producer_acquire(state)
-                load_paged_tile(
-                    tma_atom_K,
-                    tKs,
-                    tKg,
-                    page_row,
-                    k_len,
-                    num_blocks,
-                    n_max - 1,
-                    state.index,
-                    pipe_k.producer_get_barrier(state),
-                    *geo,
-                )
+                self._load_tile(k_src, state, *ctx, n_max - 1, self._tile_pages(*ctx, n_max - 1))
                 state_v = state.clone()
                 state.advance()
                 for i in cutlass.range(1, n_max, unroll=1):
                     n_block = n_max - 1 - i
-                    pipe_k.producer_acquire(state)
-                    load_paged_tile(
-                        tma_atom_K,
-                        tKs,
-                        tKg,
-                        page_row,
-                        k_len,
-                        num_blocks,
-                        n_block,
-                        state.index,
-                        pipe_k.producer_get_barrier(state),
-                        *geo,
-                    )
-                    pipe_v.producer_acquire(state_v)
-                    load_paged_tile(
-                        tma_atom_V,
-                        tVs,
-                        tVg,
-                        page_row,
-                        k_len,
-                        num_blocks,
-                        n_block + 1,
-                        state_v.index,
-                        pipe_v.producer_get_barrier(state_v),
-                        *geo,
-                    )
+                    pages_k = self._tile_pages(*ctx, n_block)
+                    pages_v = self._tile_pages(*ctx, n_block + 1)
+                    self._load_tile(k_src, state, *ctx, n_block, pages_k)
+                    self._load_tile(v_src, state_v, *ctx, n_block + 1, pages_v)
                     state.advance()
                     state_v.advance()
-                pipe_v.producer_acquire(state_v)
-                load_paged_tile(
-                    tma_atom_V,
-                    tVs,
-                    tVg,
-                    page_row,
-                    k_len,
-                    num_blocks,
-                    0,
-                    state_v.index,
-                    pipe_v.producer_get_barrier(state_v),
-                    *geo,
-                )
+                self._load_tile(v_src, state_v, *ctx, 0, self._tile_pages(*ctx, 0))
 
     # ---------------------------------------------------------------- consumer
     @cute.jit

@@ -61,3 +61,50 @@ def load_paged_tile(
             cute.copy(
                 tma_atom, tXg[None, rowblk, c, page], tXs[None, b, c, stage], tma_bar_ptr=mbar
             )
+
+
+# ---- page_prefetch variant: the page-table read split from the TMA issue, so the producer
+# can read a tile's pages before it waits for the free stage (load_paged_tile reads them after
+# the wait, which puts one global-load latency on every stage refill) and reuse them for V.
+@cute.jit
+def read_tile_pages(
+    page_row: cute.Tensor,
+    k_len: Int32,
+    num_blocks: Int32,
+    n_block: Int32,
+    tile_n: cutlass.Constexpr[int],
+    box_n: cutlass.Constexpr[int],
+    page_size: cutlass.Constexpr[int],
+):
+    """Page index of every box of tile n_block, as load_paged_tile computes it."""
+    last_page = cutlass.max(k_len - 1, 0) // page_size
+    pages = []
+    for b in cutlass.range_constexpr(tile_n // box_n):
+        token = n_block * tile_n + b * box_n
+        page = page_row[cutlass.min(token // page_size, last_page)]
+        if token >= k_len:
+            page = num_blocks
+        pages.append(page)
+    return pages
+
+
+@cute.jit
+def issue_paged_tile(
+    tma_atom: cute.CopyAtom,
+    tXs: cute.Tensor,
+    tXg: cute.Tensor,
+    pages,  # from read_tile_pages for the same n_block
+    n_block: Int32,
+    stage: Int32,
+    mbar: cute.Pointer,
+    tile_n: cutlass.Constexpr[int],
+    box_n: cutlass.Constexpr[int],
+    page_size: cutlass.Constexpr[int],
+):
+    for b in cutlass.range_constexpr(tile_n // box_n):
+        token = n_block * tile_n + b * box_n
+        rowblk = (token % page_size) // box_n
+        for c in cutlass.range_constexpr(cute.size(tXs, mode=[2])):
+            cute.copy(
+                tma_atom, tXg[None, rowblk, c, pages[b]], tXs[None, b, c, stage], tma_bar_ptr=mbar
+            )
