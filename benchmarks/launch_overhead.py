@@ -44,17 +44,12 @@ def measure(specs, calls: int) -> tuple[float, float, float, float]:
     from vllm.vllm_flash_attn import flash_attn_varlen_func
 
     from vllm_fa4.kernels.compile import prefill_forward
-    from vllm_fa4.paged_prefill import plan_prefill, run_prefill
+    from vllm_fa4.paged_prefill import run_prefill
     from vllm_fa4.testing.cases import make_paged_case
 
     case = make_paged_case(specs, 32, 8, 128, 16, torch.bfloat16, "cuda", seed=1)
 
-    def plan():
-        return plan_prefill(
-            case.query_start_loc_cpu, case.seq_lens_cpu, cu_seqlens_q=case.cu_seqlens_q,
-            seqused_k=case.seqused_k, page_table=case.page_table, num_q_heads=32,
-            num_kv_heads=8, head_dim=128, page_size=16, dtype=torch.bfloat16,
-            device=case.q.device)
+    plan = case.plan
 
     p = plan()
     out = torch.empty_like(case.q)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from vllm_fa4.kernels.config import KernelKey
-from vllm_fa4.paged_prefill import plan_prefill, run_prefill, select_route, split_kv_cache
 from vllm_fa4.paged_prefill import run as run_mod
+from vllm_fa4.paged_prefill import run_prefill, select_route, split_kv_cache
 from vllm_fa4.testing.cases import make_paged_case
 
 KEY = KernelKey("bfloat16", 128, 16, 4, True)
@@ -28,19 +28,7 @@ def _setup(
     specs=((5, 40), (0, 7), (17, 17), (33, 100)), hq=8, hkv=2, d=64, page=16, dtype=torch.bfloat16
 ):
     case = make_paged_case(list(specs), hq, hkv, d, page, dtype, "cpu", seed=11)
-    plan = plan_prefill(
-        case.query_start_loc_cpu,
-        case.seq_lens_cpu,
-        cu_seqlens_q=case.cu_seqlens_q,
-        seqused_k=case.seqused_k,
-        page_table=case.page_table,
-        num_q_heads=hq,
-        num_kv_heads=hkv,
-        head_dim=d,
-        page_size=page,
-        dtype=dtype,
-        device="cpu",
-    )
+    plan = case.plan()
     return case, plan
 
 

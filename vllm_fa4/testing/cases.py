@@ -69,6 +69,18 @@ class PagedCase:
             self.seqused_k, self.page_table, self.softmax_scale, **kwargs,
         )
 
+    def plan(self):
+        """``plan_prefill`` for this case (what the metadata builder would produce)."""
+        from vllm_fa4.paged_prefill import plan_prefill
+
+        return plan_prefill(
+            self.query_start_loc_cpu, self.seq_lens_cpu, cu_seqlens_q=self.cu_seqlens_q,
+            seqused_k=self.seqused_k, page_table=self.page_table,
+            num_q_heads=self.num_q_heads, num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim, page_size=self.page_size, dtype=self.dtype,
+            device=self.q.device,
+        )
+
     def new_out(self, poison: bool = True) -> torch.Tensor:
         """An output buffer [total_q, Hq, D] in q's dtype, NaN-filled so unwritten rows show."""
         fill = float("nan") if poison else 0.0
