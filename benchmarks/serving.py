@@ -87,7 +87,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     serve.add_argument("--request-rates", default=None, help="absolute req/s; overrides tokens")
     serve.add_argument(
-        "--num-prompts", type=int, default=None, help="per point (default: ~256k prompt tokens)"
+        "--num-prompts", type=int, default=None, help="per point (default: from --point-tokens)"
+    )
+    serve.add_argument(
+        "--point-tokens",
+        type=int,
+        default=262144,
+        help="prompt tokens per point when --num-prompts is not given (8 to 256 prompts)",
     )
     serve.add_argument("--num-warmups", type=int, default=2)
     serve.add_argument("--port", type=int, default=8765)
@@ -132,7 +138,7 @@ def rate_text(rate: float) -> str:
 
 
 def default_num_prompts(input_len: int, budget_tokens: int = 262144) -> int:
-    return max(16, min(256, budget_tokens // input_len))
+    return max(8, min(256, budget_tokens // input_len))
 
 
 def load_text(value: str, unit: str) -> str:
@@ -150,7 +156,7 @@ def serve_points(args) -> list[Point]:
             ]
         for o_len in (int(x) for x in split_list(args.output_lens)):
             for rate, load in rates:
-                n = args.num_prompts or default_num_prompts(i_len)
+                n = args.num_prompts or default_num_prompts(i_len, args.point_tokens)
                 points.append(Point(i_len, o_len, rate, n, seed=len(points), load=load))
     return points
 

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # One GPU-machine session in one command (the lent H100/H200 has no network; its packages come
-# from the gpu-kit unpacked under /tmp/site). Steps: env tests bench serve throughput.
+# from the gpu-kit unpacked under /tmp/site). Steps: see the case list at the bottom.
 #   OUT=/path/for/logs bash scripts/gpu_check.sh env tests bench serve
 # Every step has its own time limit and log under $OUT; a failing step doesn't stop the others.
+# `pack` tars $OUT into $PACK (the device tool returns at most 8 files per call).
+# Multi-GPU runs: NVLink multicast is off on the lent machines, so vLLM's fused FlashInfer
+# all-reduce (auto-picks `mnnvl`, which needs multicast) is turned off for TP > 1 (servetp).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu-check}"; mkdir -p "$OUT"
@@ -51,8 +54,13 @@ throughput_check() {
     --max-model-len 8192 2>&1 | grep -E "Throughput|FA4 prefill|Using .*backend|Error|Traceback"
 }
 
+variant_tests() {  # the opt-in kernel variants on the bf16 hd 64/128 keys + edge cases
+  VLLM_FA4_TEST_VARIANTS="${VARIANTS:-pagepf stages3}" $PY -m pytest tests/gpu/test_kernel.py \
+    -q -p no:cacheprovider -n 4 -k "not 256 and not dtype1 and not gqa"
+}
+
 export OUT PY VLLM MODEL
-export -f install serve_check throughput_check
+export -f install serve_check throughput_check variant_tests
 for s in "$@"; do
   case $s in
     env) step install 300 install; nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv ;;
@@ -62,6 +70,20 @@ for s in "$@"; do
     bench) step bench-quick 300 $PY tests/gpu/bench_kernel_quick.py ;;
     overhead) step launch-overhead 300 $PY benchmarks/launch_overhead.py ;;
     sweep) TAIL=80 step kernel-sweep 560 $PY benchmarks/kernels.py --out $OUT/sweep ${SWEEP_ARGS:-} ;;
+    sweep8b) TAIL=40 step kernel-sweep-8b 420 $PY benchmarks/kernels.py --models llama-3.1-8b \
+      --cases all --block-sizes 16,128 --out $OUT/k8b ;;
+    sweepother) TAIL=40 step kernel-sweep-other 420 $PY benchmarks/kernels.py --block-sizes 16 \
+      --models llama-3.2-1b,llama-3.1-70b-tp4,llama-3.1-70b-tp8 --cases all --out $OUT/kother ;;
+    variants) step variant-tests 300 variant_tests
+      step variant-bench 200 $PY tests/gpu/bench_kernel_quick.py --pages 16,128 \
+        --variants "'${VARIANTS_AB:-base pagepf stages3 pingpong+pagepf base}'" ;;
+    servebench) TAIL=60 step serve-bench 590 $PY benchmarks/serving.py serve --merge \
+      --out "${SERVE_OUT:-/tmp/serving}" ${SERVE_ARGS:-} ;;
+    servetp) TAIL=60 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+      VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm VLLM_ALLREDUCE_USE_SYMM_MEM=0 \
+      step serve-tp2 590 $PY benchmarks/serving.py serve -tp 2 --out $OUT/tp2 \
+      "'--extra-args=-cc.pass_config.fuse_allreduce_rms=false'" ${SERVE_ARGS:-} ;;
+    pack) tar -C "$OUT" -czf "${PACK:?}" . && ls -la "$PACK" ;;
     smollm2) TAIL=60 step smollm2 560 $PY benchmarks/smollm2.py --out $OUT/smollm2 ;;
     serve) TAIL=60 step serve 420 serve_check ;;
     throughput) step throughput 420 throughput_check ;;
