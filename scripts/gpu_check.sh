@@ -76,7 +76,7 @@ for s in "$@"; do
       --models llama-3.2-1b,llama-3.1-70b-tp4,llama-3.1-70b-tp8 --cases all --out $OUT/kother ;;
     variants) step variant-tests 300 variant_tests
       step variant-bench 200 $PY tests/gpu/bench_kernel_quick.py --pages 16,128 \
-        --variants "'${VARIANTS_AB:-base pagepf stages3 pingpong+pagepf base}'" ;;
+        --variants "'${VARIANTS_AB:-base pagepf stages3 pingpong+pagepf}'" ;;
     servebench) TAIL=60 step serve-bench 590 $PY benchmarks/serving.py serve --merge \
       --out "${SERVE_OUT:-/tmp/serving}" ${SERVE_ARGS:-} ;;
     servetp) TAIL=60 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \

@@ -2,14 +2,16 @@
 on Llama-3.1-8B shapes (Hq 32, Hkv 8, D 128, bf16, causal), in one process.
 
 Run: python tests/gpu/bench_kernel_quick.py [--variants "base pingpong overlap+pingpong"|all]
-                                            [--pages 16,128] [--cases 512x32,16kx1]
+                                            [--pages 16,128] [--cases 512x32,16kx1] [--rounds 3]
 Default variants: $VLLM_FA4_VARIANTS, else the process variant (VLLM_FA4_VARIANT).
-Times are medians of triton's do_bench; TFLOP/s counts causal FLOPs only.
+Times: median over --rounds interleaved rounds of triton's do_bench median; spread is
+(max - min) / median over the rounds. TFLOP/s counts causal FLOPs only.
 """
 
 import argparse
 import math
 import os
+import statistics
 
 import torch
 from triton.testing import do_bench
@@ -44,7 +46,7 @@ def work_tiles(specs, qpk):
     return torch.tensor(rows, dtype=torch.int32, device="cuda")
 
 
-def run(name, specs, page, variants):
+def run(name, specs, page, variants, rounds=1):
     dev = "cuda"
     pages = [math.ceil(k / page) for _, k in specs]
     nblocks = sum(pages) + 1
@@ -83,22 +85,27 @@ def run(name, specs, page, variants):
             fa_version=3,
         )
 
-    t_fa3 = do_bench(fa3, return_mode="median") * 1e-3
-    label = f"{name} p{page}"
-    print(f"{label:>16} | {'FA3':<28} {flops / t_fa3 / 1e12:6.1f} TFLOP/s {t_fa3 * 1e3:8.3f} ms")
+    fns = {"FA3": fa3}
     for v in variants:
-        t = (
-            do_bench(
-                lambda v=v: prefill_forward(
-                    key, q, k_cache, v_cache, out, None, cu, seqk, pt, wt, scale, v
-                ),
-                return_mode="median",
-            )
-            * 1e-3
+        fns[v.name] = lambda v=v: prefill_forward(
+            key, q, k_cache, v_cache, out, None, cu, seqk, pt, wt, scale, v
         )
+    # Interleave: every round times each contender once, in a rotated order, so clock or power
+    # drift over the run hits all of them alike; report the median round.
+    names = list(fns)
+    times = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names) :] + names[: r % len(names)]:
+            times[n].append(do_bench(fns[n], return_mode="median") * 1e-3)
+    med = {n: statistics.median(ts) for n, ts in times.items()}
+    label = f"{name} p{page}"
+    for i, n in enumerate(names):
+        t = med[n]
+        spread = (max(times[n]) - min(times[n])) / t if rounds > 1 else 0.0
+        ratio = "" if n == "FA3" else f"  ours/FA3 {med['FA3'] / t:.3f}"
         print(
-            f"{'':>16} | {v.name:<28} {flops / t / 1e12:6.1f} TFLOP/s {t * 1e3:8.3f} ms"
-            f"  ours/FA3 {t_fa3 / t:.3f}"
+            f"{label if i == 0 else '':>16} | {n:<28} {flops / t / 1e12:6.1f} TFLOP/s "
+            f"{t * 1e3:8.3f} ms  spread {spread:5.1%}{ratio}"
         )
 
 
@@ -107,15 +114,17 @@ def main():
     ap.add_argument("--variants", default=os.environ.get("VLLM_FA4_VARIANTS"))
     ap.add_argument("--pages", default="16,128")
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per case")
     args = ap.parse_args()
     variants = parse_variants(args.variants) if args.variants else (VARIANT,)
+    variants = list({v.name: v for v in variants}.values())  # each once; rounds repeat them
     pages = {int(p) for p in args.pages.split(",")}
     print(f"device={torch.cuda.get_device_name()} variants={[v.name for v in variants]}")
     for name in args.cases.split(","):
         case_pages, specs = CASES[name]
         for page in case_pages:
             if page in pages:
-                run(name, specs, page, variants)
+                run(name, specs, page, variants, args.rounds)
 
 
 if __name__ == "__main__":
