@@ -56,7 +56,7 @@ throughput_check() {
 
 variant_tests() {  # the opt-in kernel variants on the bf16 hd 64/128 keys + edge cases
   VLLM_FA4_TEST_VARIANTS="${VARIANTS:-pagepf stages3}" $PY -m pytest tests/gpu/test_kernel.py \
-    -q -p no:cacheprovider -n 4 -k "not 256 and not dtype1 and not gqa"
+    -q -p no:cacheprovider -n 4 -k "${VARIANT_TESTS_K-not 256 and not dtype1 and not gqa}"
 }
 
 export OUT PY VLLM MODEL

@@ -53,6 +53,8 @@ VARIANT_CASES = [(v.name, KernelKey("bfloat16", 128, 16, 4)) for v in ALL_VARIAN
     ("pingpong+pagepf", KernelKey("bfloat16", 128, 128, 4)),
     ("overlap+pingpong+pagepf+box32", KernelKey("bfloat16", 128, 64, 4)),
     ("overlap+pagepf", KernelKey("float16", 256, 16, 3)),
+    ("persist+smemepi", KernelKey("bfloat16", 256, 128, 8)),
+    ("persist+stages3", KernelKey("float16", 64, 32, 1)),
 ]
 
 

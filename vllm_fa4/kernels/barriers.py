@@ -10,7 +10,8 @@ GEMMs and, once they are issued, arrives on the other warpgroup's barrier. Each 
 (128 threads) completes with the matching bar.arrive (128 threads) of the other side.
 Warpgroup 0 arrives once on its own barrier up front so it takes the first turn. Both
 warpgroups run the same number of turns per tile (same n_block_max), so every wait has a
-matching arrive; the one arrive left over at exit is harmless for a non-persistent CTA.
+matching arrive. A persistent CTA calls turns_begin once and keeps alternating across tiles;
+the one arrive left over at exit is harmless.
 """
 
 import cutlass

@@ -111,7 +111,8 @@ def _fake_args(key: KernelKey, has_lse: bool):
     mPT = fake(cutlass.Int32, 2, 1, 4)
     mWork = fake(cutlass.Int32, 2, 1, 4)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return (mQ, mK, mV, mO, mLSE, mCu, mSeqK, mPT, mWork, cutlass.Float32(1.0), stream)
+    num_ctas = cutlass.Int32(1)
+    return (mQ, mK, mV, mO, mLSE, mCu, mSeqK, mPT, mWork, cutlass.Float32(1.0), num_ctas, stream)
 
 
 def compile_kernel(key: KernelKey, has_lse: bool = True, variant: Variant | None = None):
@@ -181,6 +182,18 @@ def compile_keys(keys, progress: bool = True, with_lse: bool = False) -> None:
                 )
 
 
+_SM_COUNT: dict = {}
+
+
+def _sm_count(device) -> int:
+    n = _SM_COUNT.get(device)
+    if n is None:
+        import torch
+
+        n = _SM_COUNT[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return n
+
+
 def prefill_forward(
     key,
     q,
@@ -200,6 +213,8 @@ def prefill_forward(
     fn = _compiled.get(ck)
     if fn is None:
         fn = get_kernel(key, lse is not None, ck[2])
+    # Persistent variants launch min(tiles, SMs) CTAs; the others ignore the value.
+    num_ctas = min(work_tiles.shape[0], _sm_count(q.device))
     fn(
         q,
         k_cache,
@@ -211,4 +226,5 @@ def prefill_forward(
         page_table,
         work_tiles,
         softmax_scale,
+        num_ctas,
     )

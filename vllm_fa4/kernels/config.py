@@ -74,6 +74,9 @@ class Variant:
     # latency hides under the wait) and K and V of one block share one read.
     page_prefetch: bool = False
     kv_stages: int = 2  # K/V pipeline depth; 3 fits shared memory for head dims <= 128
+    # Persistent grid: min(tiles, SMs) CTAs stride over the LPT-ordered work list, so the
+    # producer loads the next tile's K/V while the consumers finish the current one.
+    persistent: bool = False
 
     @property
     def name(self) -> str:
@@ -86,6 +89,8 @@ class Variant:
             parts.append("pagepf")
         if self.kv_stages != 2:
             parts.append(f"stages{self.kv_stages}")
+        if self.persistent:
+            parts.append("persist")
         return "+".join(parts) or "base"
 
     @classmethod
@@ -101,6 +106,8 @@ class Variant:
                 flags["smem_epilogue"] = True
             elif tok == "pagepf":
                 flags["page_prefetch"] = True
+            elif tok == "persist":
+                flags["persistent"] = True
             elif tok in ("stages2", "stages3"):
                 flags["kv_stages"] = int(tok[-1])
             elif tok.startswith("box") and tok[3:] in ("16", "32", "64", "128"):
@@ -129,6 +136,9 @@ ALL_VARIANTS = tuple(
         "pingpong+pagepf",
         "pingpong+stages3",
         "overlap+pingpong+pagepf+stages3",
+        "persist",
+        "persist+smemepi",
+        "overlap+pingpong+persist",
     )
 )
 
@@ -161,6 +171,8 @@ class KernelConfig:
     smem_epilogue: bool = False
     # Producer: page-table reads issued before producer_acquire (see Variant.page_prefetch).
     page_prefetch: bool = False
+    # Grid of min(tiles, SMs) CTAs looping over work tiles (see Variant.persistent).
+    persistent: bool = False
 
     @property
     def num_threads(self) -> int:
@@ -189,6 +201,7 @@ def kernel_config(key: KernelKey, variant: Variant = DEFAULT_VARIANT) -> KernelC
         pingpong=variant.pingpong,
         smem_epilogue=variant.smem_epilogue,
         page_prefetch=variant.page_prefetch,
+        persistent=variant.persistent,
         # pagepf keeps a tile's page indices live across the acquire: at 24 registers the
         # producer spills them (page 16), so it takes 16 from the consumers (they use < 190).
         **({"producer_regs": 40, "mma_regs": 232} if variant.page_prefetch else {}),

@@ -1,6 +1,7 @@
 """SM90 (Hopper) paged, varlen, causal GQA prefill forward kernel in CuTe-DSL.
 
-One CTA per work tile (batch, kv_head, m_block). 3 warpgroups:
+One CTA per work tile (batch, kv_head, m_block), or with `persistent` min(tiles, SMs) CTAs
+that stride over the LPT-ordered tile list. 3 warpgroups:
   WG0  producer: warp 0 issues per-page K/V TMA boxes into a `kv_stages`-deep ring
        (one PipelineTmaAsync for K, one for V), registers lowered to `producer_regs`.
   WG1, WG2 consumers: 64 packed (token, q-head) rows each; load their Q rows with
@@ -15,6 +16,9 @@ Compile-time variants (KernelConfig):
                     one warpgroup's softmax runs under the other's GEMMs. Without
                     intra_wg_overlap a turn is {P_{j+1} V_{j+1}, S_j}.
   smem_epilogue     O staged through the warpgroup's slice of sQ, 16-byte row stores.
+  persistent        producer and consumers loop over tiles with pipeline states carried
+                    across them: the next tile's K/V loads overlap this tile's last blocks
+                    and epilogue, and the CTA start-up cost is paid once per SM.
 """
 
 from typing import Optional
@@ -128,6 +132,7 @@ class Sm90PagedPrefill:
         mPageTable: cute.Tensor,  # [B, max_pages] int32
         mWorkTiles: cute.Tensor,  # [num_tiles, 4] int32
         softmax_scale: Float32,
+        num_ctas: Int32,  # persistent grid size, min(num_tiles, SMs); unused otherwise
         stream,
     ):
         sQ_layout = self._smem_layout(self.tile_m, self.hd)
@@ -185,7 +190,7 @@ class Sm90PagedPrefill:
             tiled_mma_qk,
             tiled_mma_pv,
         ).launch(
-            grid=[mWorkTiles.shape[0], 1, 1],
+            grid=[num_ctas if self.cfg.persistent else mWorkTiles.shape[0], 1, 1],
             block=[self.cfg.num_threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
@@ -240,42 +245,37 @@ class Sm90PagedPrefill:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
-        work = decode_tile(mWorkTiles, mCuSeqlensQ, mSeqUsedK, self.tpt, self.tile_n)
+        tile_args = (mWorkTiles, mCuSeqlensQ, mSeqUsedK, self.tpt, self.tile_n)
+        first_tile = cute.arch.block_idx()[0]
+        num_tiles = mWorkTiles.shape[0]
+        tile_stride = cute.arch.grid_dim()[0]
         pipeline.pipeline_init_wait()
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.cfg.producer_regs)
             if warp_idx == 0:
-                self.produce(
-                    work,
-                    mPageTable,
-                    mK_tma,
-                    mV_tma,
-                    tma_atom_K,
-                    tma_atom_V,
-                    sK,
-                    sV,
-                    num_blocks,
-                    pipe_k,
-                    pipe_v,
+                prod_args = (mPageTable, mK_tma, mV_tma, tma_atom_K, tma_atom_V, sK, sV)
+                prod_args = (*prod_args, num_blocks, pipe_k, pipe_v)
+                state = pipeline.make_pipeline_state(
+                    pipeline.PipelineUserType.Producer, self.stages
                 )
+                if cutlass.const_expr(self.cfg.persistent):
+                    for t in cutlass.range(first_tile, num_tiles, tile_stride, unroll=1):
+                        state = self.produce(decode_tile(*tile_args, t), *prod_args, state)
+                else:
+                    self.produce(decode_tile(*tile_args, first_tile), *prod_args, state)
         else:
             cute.arch.setmaxregister_increase(self.cfg.mma_regs)
-            self.consume(
-                work,
-                mQ,
-                mO,
-                mLSE,
-                sQ,
-                sK,
-                sV,
-                tiled_mma_qk,
-                tiled_mma_pv,
-                pipe_k,
-                pipe_v,
-                scale_log2,
-                tidx - 128,
-            )
+            wg = cute.arch.make_warp_uniform((tidx - 128) // 128)
+            turns_begin(self.cfg.pingpong, wg)  # once per CTA: turns alternate across tiles
+            cons_args = (mQ, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v)
+            cons_args = (*cons_args, scale_log2, tidx - 128)
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            if cutlass.const_expr(self.cfg.persistent):
+                for t in cutlass.range(first_tile, num_tiles, tile_stride, unroll=1):
+                    state = self.consume(decode_tile(*tile_args, t), *cons_args, state)
+            else:
+                self.consume(decode_tile(*tile_args, first_tile), *cons_args, state)
 
     def _tile_pages(self, page_row, k_len, num_blocks, n_block):
         """With `page_prefetch`, read a tile's page-table entries now (before the stage is
@@ -309,7 +309,9 @@ class Sm90PagedPrefill:
         num_blocks,
         pipe_k,
         pipe_v,
+        state,
     ):
+        """Issue one tile's K/V loads (last block first); returns the advanced state."""
         page_row = mPageTable[work.batch, None]
         tKs, tKg = partition_pool_tiles(tma_atom_K, mK_tma, sK, work.kv_head, self.box_n)
         tVs, tVg = partition_pool_tiles(tma_atom_V, mV_tma, sV, work.kv_head, self.box_n)
@@ -317,7 +319,6 @@ class Sm90PagedPrefill:
         ctx = (page_row, k_len, num_blocks)
         k_src = (pipe_k, tma_atom_K, tKs, tKg)
         v_src = (pipe_v, tma_atom_V, tVs, tVg)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         n_max = work.n_block_max
         if cutlass.const_expr(not self.cfg.intra_wg_overlap):
             for i in cutlass.range(n_max, unroll=1):
@@ -341,12 +342,15 @@ class Sm90PagedPrefill:
                     state.advance()
                     state_v.advance()
                 self._load_tile(v_src, state_v, *ctx, 0, self._tile_pages(*ctx, 0))
+        return state
 
     # ---------------------------------------------------------------- consumer
     @cute.jit
     def load_q(self, work, mQ: cute.Tensor, sQ: cute.Tensor, tidx: Int32, wg: Int32):
         """cp.async this warpgroup's 64 packed rows of Q; rows past the request are skipped
         (their S/O rows are garbage but never stored, and rows never mix)."""
+        if cutlass.const_expr(self.cfg.persistent):
+            wg_sync(wg)  # the WG's last reads of sQ (GEMMs, staged epilogue) are done
         tpr = self.hd // 8  # threads per row, 16 B each
         atom = cute.make_copy_atom(cpasync.CopyG2SOp(), self.dtype, num_bits_per_copy=128)
         thr_layout = cute.make_ordered_layout((128 // tpr, tpr), order=(1, 0))
@@ -411,7 +415,9 @@ class Sm90PagedPrefill:
         pipe_v,
         scale_log2: Float32,
         tidx: Int32,
+        state,
     ):
+        """One tile: Q load, all KV blocks, epilogue; returns the advanced pipeline state."""
         wg = cute.arch.make_warp_uniform(tidx // 128)
         thr_qk = tiled_mma_qk.get_slice(tidx)
         thr_pv = tiled_mma_pv.get_slice(tidx)
@@ -431,7 +437,6 @@ class Sm90PagedPrefill:
         tScS = thr_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
         num_rows = cute.size(acc_rows_view(acc_O), mode=[0])
 
-        turns_begin(self.cfg.pingpong, wg)
         self.load_q(work, mQ, sQ, tidx, wg)
 
         row_max = cute.make_rmem_tensor(num_rows, Float32)
@@ -440,7 +445,6 @@ class Sm90PagedPrefill:
         row_sum.fill(0.0)
         acc_O.fill(0.0)
         row_scale = cute.make_rmem_tensor(num_rows, Float32)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         n_max = work.n_block_max
         diag = work.k_len - work.q_len
 
@@ -561,3 +565,4 @@ class Sm90PagedPrefill:
             self.has_lse,
             self.cfg.smem_epilogue,
         )
+        return state

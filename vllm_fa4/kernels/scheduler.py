@@ -1,4 +1,4 @@
-"""Work-tile decode: one CTA per row of ``work_tiles`` (batch, kv_head, m_block, cost)."""
+"""Work-tile decode: a row of ``work_tiles`` (batch, kv_head, m_block, cost) -> TileWork."""
 
 from dataclasses import dataclass
 
@@ -29,8 +29,8 @@ def decode_tile(
     mSeqUsedK: cute.Tensor,
     tokens_per_tile: cutlass.Constexpr[int],
     tile_n: cutlass.Constexpr[int],
+    tile_idx: Int32,
 ) -> TileWork:
-    tile_idx = cute.arch.block_idx()[0]
     batch = mWorkTiles[tile_idx, 0]
     kv_head = mWorkTiles[tile_idx, 1]
     m_block = mWorkTiles[tile_idx, 2]
