@@ -85,6 +85,8 @@ def test_variant_names_roundtrip():
     assert kernel_config(KernelKey("bfloat16", 128, 16, 4), Variant.parse("box64")).box_n == 16
     with pytest.raises(ValueError):
         Variant.parse("pingpnog")
+    with pytest.raises(ValueError, match="needs 'persist'"):
+        kernel_config(KernelKey("bfloat16", 128, 16, 4), Variant.parse("snake"))
 
 
 def test_disk_cache_roundtrip(tmp_path):
@@ -117,3 +119,27 @@ def test_disk_cache_roundtrip(tmp_path):
     )
     assert second.returncode == 0, second.stderr[-3000:]
     assert "EXISTED True COMPILED False" in second.stdout, second.stdout + second.stderr[-2000:]
+
+
+@pytest.mark.parametrize("num_tiles,num_ctas", [(1, 132), (132, 132), (4096, 132), (1000, 114)])
+def test_snake_walk_covers_every_tile_once_and_balances(num_tiles, num_ctas):
+    """The persistent snake walk (kernel's own function, on Python ints) visits each tile
+    exactly once, and on an LPT-sorted cost list the CTA shares are closer than a plain
+    stride walk's."""
+    from vllm_fa4.kernels.scheduler import snake_tile
+
+    seen = []
+    share = {"snake": [0] * num_ctas, "stride": [0] * num_ctas}
+    costs = sorted((1 + (i * 7919) % 128 for i in range(num_tiles)), reverse=True)
+    for cta in range(num_ctas):
+        for t0 in range(0, num_tiles, num_ctas):
+            t = snake_tile(t0, cta, num_ctas)
+            if t < num_tiles:
+                seen.append(t)
+                share["snake"][cta] += costs[t]
+            if t0 + cta < num_tiles:
+                share["stride"][cta] += costs[t0 + cta]
+    assert sorted(seen) == list(range(num_tiles))
+    if num_tiles >= 4 * num_ctas:
+        spread = {k: max(v) - min(v) for k, v in share.items()}
+        assert spread["snake"] < spread["stride"] / 4, spread

@@ -77,6 +77,8 @@ class Variant:
     # Persistent grid: min(tiles, SMs) CTAs stride over the LPT-ordered work list, so the
     # producer loads the next tile's K/V while the consumers finish the current one.
     persistent: bool = False
+    # With persistent: alternate the walk direction per round (balances the LPT shares).
+    snake: bool = False
 
     @property
     def name(self) -> str:
@@ -91,6 +93,8 @@ class Variant:
             parts.append(f"stages{self.kv_stages}")
         if self.persistent:
             parts.append("persist")
+        if self.snake:
+            parts.append("snake")
         return "+".join(parts) or "base"
 
     @classmethod
@@ -108,6 +112,8 @@ class Variant:
                 flags["page_prefetch"] = True
             elif tok == "persist":
                 flags["persistent"] = True
+            elif tok == "snake":
+                flags["snake"] = True
             elif tok in ("stages2", "stages3"):
                 flags["kv_stages"] = int(tok[-1])
             elif tok.startswith("box") and tok[3:] in ("16", "32", "64", "128"):
@@ -139,6 +145,9 @@ ALL_VARIANTS = tuple(
         "persist",
         "persist+smemepi",
         "overlap+pingpong+persist",
+        # not yet run on a GPU: balanced persistent walk
+        "persist+snake",
+        "persist+snake+smemepi",
     )
 )
 
@@ -173,6 +182,7 @@ class KernelConfig:
     page_prefetch: bool = False
     # Grid of min(tiles, SMs) CTAs looping over work tiles (see Variant.persistent).
     persistent: bool = False
+    snake: bool = False  # persistent walk alternates direction per round (Variant.snake)
 
     @property
     def num_threads(self) -> int:
@@ -187,6 +197,8 @@ def kernel_config(key: KernelKey, variant: Variant = DEFAULT_VARIANT) -> KernelC
     # smem: Q tile_m*D + (K+V) per stage 2*tile_n*D elements (16-bit); 2 stages fit every
     # head dim, 3 fit head dims <= 128 (224 KB at 128).
     smem = 2 * key.head_dim * (tile_m + 2 * tile_n * variant.kv_stages)
+    if variant.snake and not variant.persistent:
+        raise ValueError("vllm_fa4: kernel variant flag 'snake' needs 'persist'")
     if smem > SMEM_BYTES - 1024:  # keep 1 KB for the mbarriers and alignment
         raise ValueError(
             f"vllm_fa4: {variant.kv_stages} K/V stages need {smem // 1024} KB of shared memory "
@@ -202,6 +214,7 @@ def kernel_config(key: KernelKey, variant: Variant = DEFAULT_VARIANT) -> KernelC
         smem_epilogue=variant.smem_epilogue,
         page_prefetch=variant.page_prefetch,
         persistent=variant.persistent,
+        snake=variant.snake,
         # pagepf keeps a tile's page indices live across the acquire: at 24 registers the
         # producer spills them (page 16), so it takes 16 from the consumers (they use < 190).
         **({"producer_regs": 40, "mma_regs": 232} if variant.page_prefetch else {}),

@@ -19,6 +19,8 @@ Compile-time variants (KernelConfig):
   persistent        producer and consumers loop over tiles with pipeline states carried
                     across them: the next tile's K/V loads overlap this tile's last blocks
                     and epilogue, and the CTA start-up cost is paid once per SM.
+  snake             (with persistent) odd rounds of the stride walk run right to left, so
+                    each CTA's share of the cost-sorted list evens out (scheduler.py).
 """
 
 from typing import Optional
@@ -44,7 +46,7 @@ from vllm_fa4.kernels.paged_kv import (
     pool_view,
     read_tile_pages,
 )
-from vllm_fa4.kernels.scheduler import decode_tile
+from vllm_fa4.kernels.scheduler import decode_tile, snake_tile
 from vllm_fa4.kernels.softmax import (
     LOG2_E,
     acc_as_operand_a,
@@ -259,7 +261,12 @@ class Sm90PagedPrefill:
                 state = pipeline.make_pipeline_state(
                     pipeline.PipelineUserType.Producer, self.stages
                 )
-                if cutlass.const_expr(self.cfg.persistent):
+                if cutlass.const_expr(self.cfg.snake):
+                    for t0 in cutlass.range(0, num_tiles, tile_stride, unroll=1):
+                        t = snake_tile(t0, first_tile, tile_stride)
+                        if t < num_tiles:
+                            state = self.produce(decode_tile(*tile_args, t), *prod_args, state)
+                elif cutlass.const_expr(self.cfg.persistent):
                     for t in cutlass.range(first_tile, num_tiles, tile_stride, unroll=1):
                         state = self.produce(decode_tile(*tile_args, t), *prod_args, state)
                 else:
@@ -271,7 +278,12 @@ class Sm90PagedPrefill:
             cons_args = (mQ, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v)
             cons_args = (*cons_args, scale_log2, tidx - 128)
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            if cutlass.const_expr(self.cfg.persistent):
+            if cutlass.const_expr(self.cfg.snake):
+                for t0 in cutlass.range(0, num_tiles, tile_stride, unroll=1):
+                    t = snake_tile(t0, first_tile, tile_stride)
+                    if t < num_tiles:
+                        state = self.consume(decode_tile(*tile_args, t), *cons_args, state)
+            elif cutlass.const_expr(self.cfg.persistent):
                 for t in cutlass.range(first_tile, num_tiles, tile_stride, unroll=1):
                     state = self.consume(decode_tile(*tile_args, t), *cons_args, state)
             else:
