@@ -57,8 +57,9 @@ def snake_tile(round_start, cta, num_ctas):
     cost-sorted (LPT) list: left to right on even rounds, right to left on odd ones.
 
     A plain stride walk hands CTA 0 the costliest tile of every round, so its total exceeds
-    the last CTA's by about one round's cost spread per round (~6 % at 16k x 1, page 16);
-    alternating the direction cancels that in pairs of rounds. May return an index past the
+    the last CTA's by about one round's cost spread per round (makespan ~3 % over the mean at
+    16k x 1, benchmarks/schedule_sim.py); alternating the direction cancels that in pairs of
+    rounds. May return an index past the
     list in the last round; the caller skips it. Branch-free integer arithmetic, so the same
     function runs on DSL Int32 values in the kernel and on Python ints in the unit tests.
     """
