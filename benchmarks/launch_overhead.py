@@ -31,10 +31,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=200)
     args = ap.parse_args()
-    batches = {"1 x 16-token prefill": [(16, 16)], "8 x 128 tokens": [(128, 128)] * 8,
-               "16k prefill": [(16384, 16384)], "500 tiny prefills": [(3, 40)] * 500}
-    print(f"{'batch':<22} {'plan_prefill':>13} {'run_prefill':>12} {'prefill_forward':>16} "
-          f"{'FA3 call':>9}   (host microseconds per call)")
+    batches = {
+        "1 x 16-token prefill": [(16, 16)],
+        "8 x 128 tokens": [(128, 128)] * 8,
+        "16k prefill": [(16384, 16384)],
+        "500 tiny prefills": [(3, 40)] * 500,
+    }
+    print(
+        f"{'batch':<22} {'plan_prefill':>13} {'run_prefill':>12} {'prefill_forward':>16} "
+        f"{'FA3 call':>9}   (host microseconds per call)"
+    )
     for name, specs in batches.items():
         plan_us, run_us, direct_us, fa3_us = measure(specs, args.calls)
         print(f"{name:<22} {plan_us:13.1f} {run_us:12.1f} {direct_us:16.1f} {fa3_us:9.1f}")
@@ -58,17 +64,38 @@ def measure(specs, calls: int) -> tuple[float, float, float, float]:
         run_prefill(p, case.q, case.k_cache, case.v_cache, out, softmax_scale=case.softmax_scale)
 
     def direct():
-        prefill_forward(p.key, case.q, case.k_cache, case.v_cache, out, None, p.cu_seqlens_q,
-                        p.seqused_k, p.page_table, p.work_tiles, case.softmax_scale)
+        prefill_forward(
+            p.key,
+            case.q,
+            case.k_cache,
+            case.v_cache,
+            out,
+            None,
+            p.cu_seqlens_q,
+            p.seqused_k,
+            p.page_table,
+            p.work_tiles,
+            case.softmax_scale,
+        )
 
     def fa3():
         flash_attn_varlen_func(
-            case.q, case.k_cache, case.v_cache, max_seqlen_q=p.max_seqlen_q,
-            cu_seqlens_q=case.cu_seqlens_q, max_seqlen_k=p.max_seqlen_k,
-            seqused_k=case.seqused_k, block_table=case.page_table,
-            softmax_scale=case.softmax_scale, causal=True, fa_version=3, out=out)
+            case.q,
+            case.k_cache,
+            case.v_cache,
+            max_seqlen_q=p.max_seqlen_q,
+            cu_seqlens_q=case.cu_seqlens_q,
+            max_seqlen_k=p.max_seqlen_k,
+            seqused_k=case.seqused_k,
+            block_table=case.page_table,
+            softmax_scale=case.softmax_scale,
+            causal=True,
+            fa_version=3,
+            out=out,
+        )
 
     return tuple(per_call_us(fn, calls) for fn in (plan, run, direct, fa3))
+
 
 if __name__ == "__main__":
     main()

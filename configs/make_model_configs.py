@@ -16,20 +16,44 @@ HERE = Path(__file__).resolve().parent
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
 BOS_ID, EOS_ID = 256, 257
 
-LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 8192}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 MODELS = {
-    "llama-3.1-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                         num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                         tie_word_embeddings=False, rope_scaling={**LLAMA3_ROPE, "factor": 8.0}),
-    "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                         num_attention_heads=32, num_key_value_heads=8, head_dim=64,
-                         tie_word_embeddings=True, rope_scaling={**LLAMA3_ROPE, "factor": 32.0}),
-    "llama-3.1-70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
-                          num_attention_heads=64, num_key_value_heads=8, head_dim=128,
-                          tie_word_embeddings=False,
-                          rope_scaling={**LLAMA3_ROPE, "factor": 8.0}),
+    "llama-3.1-8b": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=False,
+        rope_scaling={**LLAMA3_ROPE, "factor": 8.0},
+    ),
+    "llama-3.2-1b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        tie_word_embeddings=True,
+        rope_scaling={**LLAMA3_ROPE, "factor": 32.0},
+    ),
+    "llama-3.1-70b": dict(
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=False,
+        rope_scaling={**LLAMA3_ROPE, "factor": 8.0},
+    ),
 }
 
 
@@ -81,7 +105,7 @@ def tokenizer_config() -> dict:
         "model_max_length": 131072,
         "clean_up_tokenization_spaces": False,
         "chat_template": "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: "
-                         "{{ m['content'] }}\n{% endfor %}assistant:",
+        "{{ m['content'] }}\n{% endfor %}assistant:",
     }
 
 

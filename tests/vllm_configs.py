@@ -5,10 +5,18 @@ from types import SimpleNamespace
 
 # Llama-3.1-8B's attention shape (32/8 heads, head dim 128) in a 2-layer model.
 TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-    "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 32,
-    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 1000,
-    "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 1000,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "bfloat16",
 }
 
 
@@ -18,17 +26,21 @@ def write_tiny_llama(path, **overrides):
     return path
 
 
-def make_vllm_config(model_dir, *, block_size=16, device="cpu", dtype="bfloat16",
-                     num_speculative_tokens=None):
+def make_vllm_config(
+    model_dir, *, block_size=16, device="cpu", dtype="bfloat16", num_speculative_tokens=None
+):
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, VllmConfig
 
-    model = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype=dtype,
-                        max_model_len=131072)
+    model = ModelConfig(
+        model=str(model_dir), skip_tokenizer_init=True, dtype=dtype, max_model_len=131072
+    )
     cache = CacheConfig(block_size=block_size)
     cache.num_gpu_blocks = 4096
-    config = VllmConfig(model_config=model, cache_config=cache,
-                        device_config=DeviceConfig(device=device))
+    config = VllmConfig(
+        model_config=model, cache_config=cache, device_config=DeviceConfig(device=device)
+    )
     if num_speculative_tokens:  # only the fields the builder reads; no draft model is built
         config.speculative_config = SimpleNamespace(
-            num_speculative_tokens=num_speculative_tokens, parallel_drafting=False)
+            num_speculative_tokens=num_speculative_tokens, parallel_drafting=False
+        )
     return config

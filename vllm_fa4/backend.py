@@ -106,15 +106,25 @@ class FA4AttentionImpl(FlashAttentionImpl):
             "logits soft cap": bool(logits_soft_cap),
             "attention sinks": sinks is not None,
             f"attention type {attn_type}": attn_type != AttentionType.DECODER,
-            f"kv_cache_dtype {kv_cache_dtype}": kv_cache_dtype not in ("auto", "float16",
-                                                                       "bfloat16"),
+            f"kv_cache_dtype {kv_cache_dtype}": kv_cache_dtype
+            not in ("auto", "float16", "bfloat16"),
             f"options {sorted(extra)}": bool(extra),
         }
         refused = [name for name, bad in unsupported.items() if bad]
         if refused:
             raise NotImplementedError(_reason(", ".join(refused)))
-        super().__init__(num_heads, head_size, scale, num_kv_heads, None, None, kv_cache_dtype,
-                         None, attn_type, kv_sharing_target_layer_name)
+        super().__init__(
+            num_heads,
+            head_size,
+            scale,
+            num_kv_heads,
+            None,
+            None,
+            kv_cache_dtype,
+            None,
+            attn_type,
+            kv_sharing_target_layer_name,
+        )
         if self.dcp_world_size > 1:
             raise NotImplementedError(_reason("decode context parallelism"))
         self.supports_quant_query_input = False
@@ -141,6 +151,12 @@ class FA4AttentionImpl(FlashAttentionImpl):
         if md.prefill is not None:  # rows after the decodes; K/V are already in the cache
             start, stop = md.num_decode_tokens, md.num_decode_tokens + md.prefill.num_tokens
             k_cache, v_cache = split_kv_cache(kv_cache, self.head_size)
-            run_prefill(md.prefill, query[start:stop], k_cache, v_cache, output[start:stop],
-                        softmax_scale=self.scale)
+            run_prefill(
+                md.prefill,
+                query[start:stop],
+                k_cache,
+                v_cache,
+                output[start:stop],
+                softmax_scale=self.scale,
+            )
         return output

@@ -99,8 +99,7 @@ class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
         if nd:
             decode = self.decode_builder.build(0, decode_slice(cm, nd, ndt), fast_build)
         prefill = self._plan_prefill(cm, nd, ndt)
-        return FA4Metadata(cm.num_actual_tokens, nd, ndt, npf, prefill.num_tokens, decode,
-                           prefill)
+        return FA4Metadata(cm.num_actual_tokens, nd, ndt, npf, prefill.num_tokens, decode, prefill)
 
     def _plan_prefill(self, cm: CommonAttentionMetadata, nd: int, ndt: int) -> PrefillPlan:
         num_reqs = cm.num_reqs

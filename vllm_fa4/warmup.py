@@ -36,8 +36,11 @@ class _PrefillWarmupProvider:
         from vllm_fa4.kernels.compile import compile_keys
 
         return [
-            CuTeDSLCompileUnit("vllm_fa4.prefill", ("vllm_fa4", key),
-                               functools.partial(compile_keys, [key], progress=False))
+            CuTeDSLCompileUnit(
+                "vllm_fa4.prefill",
+                ("vllm_fa4", key),
+                functools.partial(compile_keys, [key], progress=False),
+            )
             for key in self.keys
         ]
 
@@ -51,15 +54,19 @@ def request(key: KernelKey, vllm_config=None) -> None:
         return
     reason = key.unsupported_reason()
     if reason is not None:
-        logger.warning("FA4: no prefill kernel for %s (%s); prefill uses the reference", key,
-                       reason)
+        logger.warning(
+            "FA4: no prefill kernel for %s (%s); prefill uses the reference", key, reason
+        )
         return
     from vllm_fa4.kernels.compile import compile_keys
 
     started = time.perf_counter()
     compile_keys([key], progress=False)
-    logger.info("FA4: prefill kernel %s ready in %.1f s (compiled or loaded from disk)", key,
-                time.perf_counter() - started)
+    logger.info(
+        "FA4: prefill kernel %s ready in %.1f s (compiled or loaded from disk)",
+        key,
+        time.perf_counter() - started,
+    )
     if not PROVIDER.keys:
         from vllm.model_executor.warmup.cutedsl_warmup import register_cutedsl_warmup_provider
 

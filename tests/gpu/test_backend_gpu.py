@@ -27,8 +27,13 @@ def vllm_config_for(tmp_path):
     with contextlib.ExitStack() as stack:
 
         def make(hq, hkv, d, page):
-            model = write_tiny_llama(tmp_path / f"m{hq}-{hkv}-{d}", num_attention_heads=hq,
-                                     num_key_value_heads=hkv, head_dim=d, hidden_size=hq * d)
+            model = write_tiny_llama(
+                tmp_path / f"m{hq}-{hkv}-{d}",
+                num_attention_heads=hq,
+                num_key_value_heads=hkv,
+                head_dim=d,
+                hidden_size=hq * d,
+            )
             config = make_vllm_config(model, device="cuda", block_size=page)
             stack.enter_context(set_current_vllm_config(config))
             return config
@@ -52,21 +57,32 @@ def _common_metadata(case):
     qsl = case.query_start_loc_cpu
     q_lens = (qsl[1:] - qsl[:-1]).tolist()
     return CommonAttentionMetadata(
-        query_start_loc=case.cu_seqlens_q, query_start_loc_cpu=qsl, seq_lens=case.seqused_k,
-        num_reqs=len(q_lens), num_actual_tokens=int(qsl[-1]), max_query_len=max(q_lens),
-        max_seq_len=int(case.seq_lens_cpu.max()), block_table_tensor=case.block_table,
-        slot_mapping=case.slot_mapping, seq_lens_cpu_upper_bound=case.seq_lens_cpu,
+        query_start_loc=case.cu_seqlens_q,
+        query_start_loc_cpu=qsl,
+        seq_lens=case.seqused_k,
+        num_reqs=len(q_lens),
+        num_actual_tokens=int(qsl[-1]),
+        max_query_len=max(q_lens),
+        max_seq_len=int(case.seq_lens_cpu.max()),
+        block_table_tensor=case.block_table,
+        slot_mapping=case.slot_mapping,
+        seq_lens_cpu_upper_bound=case.seq_lens_cpu,
     )
 
 
 def _run_backend(backend_cls, config, case, cm, new_k, new_v):
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
-    spec = FullAttentionSpec(block_size=case.page_size, num_kv_heads=case.num_kv_heads,
-                             head_size=case.head_dim, dtype=case.dtype)
+    spec = FullAttentionSpec(
+        block_size=case.page_size,
+        num_kv_heads=case.num_kv_heads,
+        head_size=case.head_dim,
+        dtype=case.dtype,
+    )
     builder = backend_cls.get_builder_cls()(spec, ["layer.0"], config, torch.device("cuda"))
-    impl = backend_cls.get_impl_cls()(case.num_q_heads, case.head_dim, case.softmax_scale,
-                                      case.num_kv_heads, None, None, "auto")
+    impl = backend_cls.get_impl_cls()(
+        case.num_q_heads, case.head_dim, case.softmax_scale, case.num_kv_heads, None, None, "auto"
+    )
     md = builder.build(0, cm)
     kv_cache = case.kv_cache.clone().permute(0, 2, 1, 3)  # vLLM's logical (N, Hkv, page, 2D)
     layer = _Layer()

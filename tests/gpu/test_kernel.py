@@ -39,8 +39,13 @@ DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 def build_work_tiles(cu_seqlens_q, seqused_k, num_kv_heads, head_dim, qpk, device):
     """The planner's LPT work list (batch, kv_head, m_block, cost) for this batch."""
     cu, k_lens = cu_seqlens_q.cpu().numpy(), seqused_k.cpu().numpy()
-    rows = plan_work_tiles(cu[1:] - cu[:-1], k_lens, num_kv_heads,
-                           tokens_per_tile(head_dim, qpk), tile_shape(head_dim)[1])
+    rows = plan_work_tiles(
+        cu[1:] - cu[:-1],
+        k_lens,
+        num_kv_heads,
+        tokens_per_tile(head_dim, qpk),
+        tile_shape(head_dim)[1],
+    )
     return torch.from_numpy(rows).to(device=device, dtype=torch.int32).reshape(-1, 4)
 
 

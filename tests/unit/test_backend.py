@@ -13,10 +13,19 @@ from vllm.v1.attention.backend import AttentionType  # noqa: E402
 from vllm_fa4.backend import FA4AttentionBackend, FA4AttentionImpl  # noqa: E402
 
 HOPPER = DeviceCapability(9, 0)
-GOOD = dict(head_size=128, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=16,
-            use_mla=False, has_sink=False, use_sparse=False, use_mm_prefix=False,
-            use_per_head_quant_scales=False, device_capability=HOPPER,
-            attn_type=AttentionType.DECODER)
+GOOD = dict(
+    head_size=128,
+    dtype=torch.bfloat16,
+    kv_cache_dtype="auto",
+    block_size=16,
+    use_mla=False,
+    has_sink=False,
+    use_sparse=False,
+    use_mm_prefix=False,
+    use_per_head_quant_scales=False,
+    device_capability=HOPPER,
+    attn_type=AttentionType.DECODER,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -70,8 +79,15 @@ def test_kv_cache_shape_is_flash_attn_layout():
     assert FA4AttentionBackend.get_kv_cache_shape(10, 16, 8, 128) == (10, 8, 16, 256)
 
 
-IMPL_ARGS = dict(num_heads=32, head_size=128, scale=128**-0.5, num_kv_heads=8,
-                 alibi_slopes=None, sliding_window=None, kv_cache_dtype="auto")
+IMPL_ARGS = dict(
+    num_heads=32,
+    head_size=128,
+    scale=128**-0.5,
+    num_kv_heads=8,
+    alibi_slopes=None,
+    sliding_window=None,
+    kv_cache_dtype="auto",
+)
 
 
 @pytest.mark.parametrize(

@@ -19,8 +19,7 @@ def make_builder(vllm_config, threshold=None):
 
     from vllm_fa4.metadata import FA4MetadataBuilder
 
-    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HKV, head_size=D,
-                             dtype=torch.bfloat16)
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HKV, head_size=D, dtype=torch.bfloat16)
     builder = FA4MetadataBuilder(spec, ["layer.0"], vllm_config, torch.device("cpu"))
     if threshold is not None:  # what a speculative config with k tokens sets
         builder.reorder_batch_threshold = threshold
@@ -42,9 +41,14 @@ def make_common(query_lens, seq_lens, pad_tokens=0):
         table[i, :n] = torch.arange(next_block, next_block + n)
         next_block += n
     return CommonAttentionMetadata(
-        query_start_loc=qsl.clone(), query_start_loc_cpu=qsl, seq_lens=s.clone(),
-        num_reqs=len(q), num_actual_tokens=num_tokens, max_query_len=int(q.max()),
-        max_seq_len=int(s.max()), block_table_tensor=table,
+        query_start_loc=qsl.clone(),
+        query_start_loc_cpu=qsl,
+        seq_lens=s.clone(),
+        num_reqs=len(q),
+        num_actual_tokens=num_tokens,
+        max_query_len=int(q.max()),
+        max_seq_len=int(s.max()),
+        block_table_tensor=table,
         slot_mapping=torch.arange(num_tokens, dtype=torch.int64),
         seq_lens_cpu_upper_bound=s.clone(),
     )

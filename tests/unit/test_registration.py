@@ -82,8 +82,9 @@ def test_cli_flag_parses_through_engine_args(flag):
         member = AttentionConfig.validate_backend_before(engine_args.attention_backend)
         print("RESULT", member.name, member.get_path())
     """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "RESULT FA4 vllm_fa4.backend.FA4AttentionBackend" in out.stdout
 

@@ -235,8 +235,11 @@ class Sm90PagedPrefill:
         # K and V ride separate TMA pipelines so S = QK^T can start before V lands.
         pipe_k, pipe_v = (
             pipeline.PipelineTmaAsync.create(
-                barrier_storage=barriers.data_ptr(), num_stages=self.stages,
-                producer_group=one_thread, consumer_group=mma_warps, tx_count=kv_bytes,
+                barrier_storage=barriers.data_ptr(),
+                num_stages=self.stages,
+                producer_group=one_thread,
+                consumer_group=mma_warps,
+                tx_count=kv_bytes,
                 defer_sync=True,
             )
             for barriers in (storage.mbar_k, storage.mbar_v)
@@ -302,8 +305,9 @@ class Sm90PagedPrefill:
         pipe.producer_acquire(state)
         mbar = pipe.producer_get_barrier(state)
         if pages is None:
-            load_paged_tile(atom, tXs, tXg, page_row, k_len, num_blocks, n_block, state.index,
-                            mbar, *self._geo)
+            load_paged_tile(
+                atom, tXs, tXg, page_row, k_len, num_blocks, n_block, state.index, mbar, *self._geo
+            )
         else:
             issue_paged_tile(atom, tXs, tXg, pages, n_block, state.index, mbar, *self._geo)
 

@@ -65,8 +65,14 @@ class PagedCase:
         from vllm_fa4.testing.reference import paged_attention_reference
 
         return paged_attention_reference(
-            self.q if q is None else q, self.k_cache, self.v_cache, self.cu_seqlens_q,
-            self.seqused_k, self.page_table, self.softmax_scale, **kwargs,
+            self.q if q is None else q,
+            self.k_cache,
+            self.v_cache,
+            self.cu_seqlens_q,
+            self.seqused_k,
+            self.page_table,
+            self.softmax_scale,
+            **kwargs,
         )
 
     def plan(self):
@@ -74,10 +80,16 @@ class PagedCase:
         from vllm_fa4.paged_prefill import plan_prefill
 
         return plan_prefill(
-            self.query_start_loc_cpu, self.seq_lens_cpu, cu_seqlens_q=self.cu_seqlens_q,
-            seqused_k=self.seqused_k, page_table=self.page_table,
-            num_q_heads=self.num_q_heads, num_kv_heads=self.num_kv_heads,
-            head_dim=self.head_dim, page_size=self.page_size, dtype=self.dtype,
+            self.query_start_loc_cpu,
+            self.seq_lens_cpu,
+            cu_seqlens_q=self.cu_seqlens_q,
+            seqused_k=self.seqused_k,
+            page_table=self.page_table,
+            num_q_heads=self.num_q_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            page_size=self.page_size,
+            dtype=self.dtype,
             device=self.q.device,
         )
 
