@@ -252,8 +252,6 @@ class Sm90PagedPrefill:
 
         tile_args = (mWorkTiles, mCuSeqlensQ, mSeqUsedK, self.tpt, self.tile_n)
         first_tile = cute.arch.block_idx()[0]
-        num_tiles = mWorkTiles.shape[0]
-        tile_stride = cute.arch.grid_dim()[0]
         pipeline.pipeline_init_wait()
 
         if warp_idx < 4:
@@ -264,16 +262,7 @@ class Sm90PagedPrefill:
                 state = pipeline.make_pipeline_state(
                     pipeline.PipelineUserType.Producer, self.stages
                 )
-                if cutlass.const_expr(self.cfg.snake):
-                    for t0 in cutlass.range(0, num_tiles, tile_stride, unroll=1):
-                        t = snake_tile(t0, first_tile, tile_stride)
-                        if t < num_tiles:
-                            state = self.produce(decode_tile(*tile_args, t), *prod_args, state)
-                elif cutlass.const_expr(self.cfg.persistent):
-                    for t in cutlass.range(first_tile, num_tiles, tile_stride, unroll=1):
-                        state = self.produce(decode_tile(*tile_args, t), *prod_args, state)
-                else:
-                    self.produce(decode_tile(*tile_args, first_tile), *prod_args, state)
+                self.walk_tiles(self.produce, prod_args, state, tile_args, first_tile)
         else:
             cute.arch.setmaxregister_increase(self.cfg.mma_regs)
             wg = cute.arch.make_warp_uniform((tidx - 128) // 128)
@@ -281,16 +270,25 @@ class Sm90PagedPrefill:
             cons_args = (mQ, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v)
             cons_args = (*cons_args, scale_log2, tidx - 128)
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            if cutlass.const_expr(self.cfg.snake):
-                for t0 in cutlass.range(0, num_tiles, tile_stride, unroll=1):
-                    t = snake_tile(t0, first_tile, tile_stride)
-                    if t < num_tiles:
-                        state = self.consume(decode_tile(*tile_args, t), *cons_args, state)
-            elif cutlass.const_expr(self.cfg.persistent):
-                for t in cutlass.range(first_tile, num_tiles, tile_stride, unroll=1):
-                    state = self.consume(decode_tile(*tile_args, t), *cons_args, state)
-            else:
-                self.consume(decode_tile(*tile_args, first_tile), *cons_args, state)
+            self.walk_tiles(self.consume, cons_args, state, tile_args, first_tile)
+
+    @cute.jit
+    def walk_tiles(self, role, role_args, state, tile_args, first_tile: Int32):
+        """Run one role (produce or consume) over this CTA's tiles, carrying its pipeline
+        state: the one tile `first_tile`, or with `persistent` a stride walk of the tile list
+        (`snake`: odd rounds reversed, scheduler.snake_tile)."""
+        num_tiles = tile_args[0].shape[0]
+        tile_stride = cute.arch.grid_dim()[0]
+        if cutlass.const_expr(self.cfg.snake):
+            for t0 in cutlass.range(0, num_tiles, tile_stride, unroll=1):
+                t = snake_tile(t0, first_tile, tile_stride)
+                if t < num_tiles:
+                    state = role(decode_tile(*tile_args, t), *role_args, state)
+        elif cutlass.const_expr(self.cfg.persistent):
+            for t in cutlass.range(first_tile, num_tiles, tile_stride, unroll=1):
+                state = role(decode_tile(*tile_args, t), *role_args, state)
+        else:
+            role(decode_tile(*tile_args, first_tile), *role_args, state)
 
     def _tile_pages(self, page_row, k_len, num_blocks, n_block):
         """With `page_prefetch`, read a tile's page-table entries now (before the stage is
