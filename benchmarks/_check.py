@@ -41,7 +41,7 @@ class Reference:
 def build_reference(problem, rows: int, requests: int) -> Reference:
     import torch
 
-    from vllm_fa4.testing.reference import paged_attention_reference
+    from vllm_fa4.paged_prefill.reference import paged_attention_reference
 
     device = problem.q.device
     cu_host = [0]

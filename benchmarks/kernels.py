@@ -212,9 +212,9 @@ def build_problem(run: Run, s: Settings):
 
 def import_testing_or_exit() -> None:
     try:
+        import vllm_fa4.paged_prefill.reference  # noqa: F401
         import vllm_fa4.testing.cases  # noqa: F401
         import vllm_fa4.testing.checks  # noqa: F401
-        import vllm_fa4.testing.reference  # noqa: F401
     except Exception as exc:  # noqa: BLE001
         sys.exit(
             f"error: cannot import vllm_fa4.testing ({type(exc).__name__}: {exc}). Run from the "

@@ -66,15 +66,13 @@ def measure(specs, calls: int) -> tuple[float, float, float, float]:
     def direct():
         prefill_forward(
             p.key,
+            p.config,
             case.q,
             case.k_cache,
             case.v_cache,
             out,
             None,
-            p.cu_seqlens_q,
-            p.seqused_k,
-            p.page_table,
-            p.work_tiles,
+            p.args,
             case.softmax_scale,
         )
 

@@ -3,7 +3,7 @@
 
 Costs come from the real planner (`build_work_tiles`, LPT-sorted, cost = KV blocks) plus a
 per-tile fixed cost; three assignments are compared by makespan / mean CTA load (1.0 = ideal):
-  stride  persistent grid, CTA c takes tiles c, c+G, c+2G, ... (kernel variant `persist`)
+  stride  persistent grid, CTA c takes tiles c, c+G, c+2G, ... (kernel config `persistent`)
   snake   persistent grid, odd rounds reversed (`persist+snake`, scheduler.snake_tile)
   greedy  one CTA per tile, the hardware starting the next tile on the first free SM (`base`)
 
@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vllm_fa4.kernels.scheduler import snake_tile  # noqa: E402
+from vllm_fa4.kernels.tile_scheduler import snake_tile  # noqa: E402
 from vllm_fa4.paged_prefill.plan import build_work_tiles  # noqa: E402
 
 # name -> (q_lens, k_lens); Llama-3.1-8B heads (8 KV heads, GQA 4, hd 128: 32 tokens x 128 keys)

@@ -6,11 +6,9 @@ import pytest
 
 
 def _has_sm90() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+    from vllm_fa4.paged_prefill.route import device_unsupported_reason
+
+    return device_unsupported_reason() is None
 
 
 def pytest_collection_modifyitems(config, items):

@@ -145,14 +145,15 @@ class FA4AttentionImpl(FlashAttentionImpl):
             raise NotImplementedError(_reason("fused output quantization"))
         if attn_metadata is None:  # profiling run
             return output.fill_(0)
-        md = attn_metadata
-        if md.decode is not None:  # rows [0, num_decode_tokens), FA3 writes them in place
-            super().forward(layer, query, key, value, kv_cache, md.decode, output)
-        if md.prefill is not None:  # rows after the decodes; K/V are already in the cache
-            start, stop = md.num_decode_tokens, md.num_decode_tokens + md.prefill.num_tokens
+        metadata = attn_metadata
+        if metadata.decode is not None:  # rows [0, num_decode_tokens), FA3 writes in place
+            super().forward(layer, query, key, value, kv_cache, metadata.decode, output)
+        if metadata.prefill is not None:  # rows after the decodes; K/V already in the cache
+            start = metadata.num_decode_tokens
+            stop = start + metadata.prefill.num_tokens
             k_cache, v_cache = split_kv_cache(kv_cache, self.head_size)
             run_prefill(
-                md.prefill,
+                metadata.prefill,
                 query[start:stop],
                 k_cache,
                 v_cache,

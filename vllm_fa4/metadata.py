@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vllm_fa4 import warmup
+from vllm_fa4 import envs, warmup
 from vllm_fa4.compat import (
     AttentionCGSupport,
     AttentionMetadataBuilder,
@@ -25,12 +25,10 @@ from vllm_fa4.compat import (
     prefill_seq_lens_cpu,
     split_decodes_and_prefills,
 )
-from vllm_fa4.kernels.config import KernelKey
+from vllm_fa4.kernels.config import KernelKey, default_config
 from vllm_fa4.paged_prefill import PrefillPlan, plan_prefill
 
 logger = logging.getLogger("vllm_fa4")
-
-_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 @dataclass
@@ -67,18 +65,18 @@ class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
         head_size = kv_cache_spec.head_size
         if getattr(kv_cache_spec, "head_size_v", head_size) != head_size:
             raise NotImplementedError("FA4: different K and V head sizes are not supported")
-        self.num_q_heads = model_config.get_num_attention_heads(parallel)
         self.num_kv_heads = kv_cache_spec.num_kv_heads
-        self.head_dim = head_size
-        self.page_size = kv_cache_spec.block_size
-        self.dtype = model_config.dtype
-        self.kernel_key = KernelKey(
-            dtype=_DTYPE_NAMES.get(self.dtype, str(self.dtype)),
-            head_dim=self.head_dim,
-            page_size=self.page_size,
-            qhead_per_kvhead=self.num_q_heads // self.num_kv_heads,
+        # The one key and config of this layer group: warmup compiles exactly what every
+        # step's plan will launch, so nothing compiles while serving.
+        self.kernel_key = KernelKey.for_layer(
+            model_config.dtype,
+            head_size,
+            kv_cache_spec.block_size,
+            model_config.get_num_attention_heads(parallel),
+            self.num_kv_heads,
         )
-        warmup.request(self.kernel_key, vllm_config)
+        self.kernel_config = envs.kernel_config() or default_config(self.kernel_key)
+        warmup.request(self.kernel_key, self.kernel_config)
 
     def build(
         self,
@@ -87,22 +85,35 @@ class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
         fast_build: bool = False,
     ) -> FA4Metadata:
         cm = common_attn_metadata
-        nd, npf, ndt, npt = split_decodes_and_prefills(
+        num_decodes, num_prefills, num_decode_tokens, _ = split_decodes_and_prefills(
             cm, decode_threshold=self.reorder_batch_threshold
         )
-        if npf == 0:  # pure decode (incl. full-graph capture/replay): FA3 sees cm untouched
+        if num_prefills == 0:  # pure decode (incl. full-graph capture/replay): FA3 sees cm as is
             decode = self.decode_builder.build(0, cm, fast_build)
-            return FA4Metadata(cm.num_actual_tokens, nd, ndt, 0, 0, decode, None)
+            return FA4Metadata(
+                cm.num_actual_tokens, num_decodes, num_decode_tokens, 0, 0, decode, None
+            )
         if isinstance(cm.causal, torch.Tensor) or not cm.causal:
             raise NotImplementedError("FA4: non-causal batches are not supported")
         decode = None
-        if nd:
-            decode = self.decode_builder.build(0, decode_slice(cm, nd, ndt), fast_build)
-        prefill = self._plan_prefill(cm, nd, ndt)
-        return FA4Metadata(cm.num_actual_tokens, nd, ndt, npf, prefill.num_tokens, decode, prefill)
+        if num_decodes:
+            decode_cm = decode_slice(cm, num_decodes, num_decode_tokens)
+            decode = self.decode_builder.build(0, decode_cm, fast_build)
+        prefill = self._plan_prefill(cm, num_decodes, num_decode_tokens)
+        return FA4Metadata(
+            cm.num_actual_tokens,
+            num_decodes,
+            num_decode_tokens,
+            num_prefills,
+            prefill.num_tokens,
+            decode,
+            prefill,
+        )
 
-    def _plan_prefill(self, cm: CommonAttentionMetadata, nd: int, ndt: int) -> PrefillPlan:
-        num_reqs = cm.num_reqs
+    def _plan_prefill(
+        self, cm: CommonAttentionMetadata, num_decodes: int, num_decode_tokens: int
+    ) -> PrefillPlan:
+        nd, num_reqs = num_decodes, cm.num_reqs
         qsl_cpu = cm.query_start_loc_cpu[nd : num_reqs + 1]
         seq_lens_cpu = prefill_seq_lens_cpu(cm)
         if seq_lens_cpu is None:  # not filled by this runner: a sync per step, said once
@@ -113,15 +124,12 @@ class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
         return plan_prefill(
             qsl_cpu - qsl_cpu[0],
             seq_lens_cpu[nd:num_reqs],
-            cu_seqlens_q=cm.query_start_loc[nd : num_reqs + 1] - ndt,
+            key=self.kernel_key,
+            config=self.kernel_config,
+            num_kv_heads=self.num_kv_heads,
+            cu_seqlens_q=cm.query_start_loc[nd : num_reqs + 1] - num_decode_tokens,
             seqused_k=cm.seq_lens[nd:num_reqs],
             page_table=cm.block_table_tensor[nd:num_reqs],
-            num_q_heads=self.num_q_heads,
-            num_kv_heads=self.num_kv_heads,
-            head_dim=self.head_dim,
-            page_size=self.page_size,
-            dtype=self.dtype,
-            device=self.device,
         )
 
     def use_cascade_attention(self, *args, **kwargs) -> bool:

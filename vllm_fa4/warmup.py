@@ -1,10 +1,10 @@
 """Ahead-of-time compilation of every prefill kernel a model needs, during vLLM's startup.
 
-Builders call ``request(key, vllm_config)`` when they are created, before vLLM's memory
-profiling run and CUDA-graph capture. The key is compiled (or loaded from the disk cache) right
-there: the profiling run already executes a prefill, before vLLM's own CuTe-DSL warmup stage.
-The key is also registered with that warmup stage (vLLM lists it among its CuTe-DSL units), so
-whatever path vLLM takes, nothing compiles while serving.
+Builders call ``request(key, config)`` when they are created, before vLLM's memory profiling
+run and CUDA-graph capture. The kernel is compiled (or loaded from the disk cache) right there:
+the profiling run already executes a prefill, before vLLM's own CuTe-DSL warmup stage. The
+(key, config) is also registered with that warmup stage (vLLM lists it among its CuTe-DSL
+units), so whatever path vLLM takes, nothing compiles while serving.
 """
 
 from __future__ import annotations
@@ -13,22 +13,17 @@ import functools
 import logging
 import time
 
-from vllm_fa4.kernels.config import KernelKey
+from vllm_fa4.kernels.config import KernelConfig, KernelKey
+from vllm_fa4.paged_prefill.route import device_unsupported_reason
 
 logger = logging.getLogger("vllm_fa4")
-
-
-def _kernel_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
 class _PrefillWarmupProvider:
     """Registered with vLLM's CuTe-DSL warmup (held strongly here: vLLM keeps a WeakSet)."""
 
     def __init__(self) -> None:
-        self.keys: list[KernelKey] = []
+        self.kernels: list[tuple[KernelKey, KernelConfig]] = []
 
     def get_cutedsl_warmup_compile_units(self):
         from vllm.model_executor.warmup.cutedsl_warmup import CuTeDSLCompileUnit
@@ -38,21 +33,21 @@ class _PrefillWarmupProvider:
         return [
             CuTeDSLCompileUnit(
                 "vllm_fa4.prefill",
-                ("vllm_fa4", key),
-                functools.partial(compile_keys, [key], progress=False),
+                ("vllm_fa4", key, config),
+                functools.partial(compile_keys, [key], config, progress=False),
             )
-            for key in self.keys
+            for key, config in self.kernels
         ]
 
 
 PROVIDER = _PrefillWarmupProvider()
 
 
-def request(key: KernelKey, vllm_config=None) -> None:
-    """Compile ``key`` now (startup) and list it in vLLM's CuTe-DSL warmup."""
-    if key in PROVIDER.keys or not _kernel_available():
+def request(key: KernelKey, config: KernelConfig) -> None:
+    """Compile ``key`` with ``config`` now (startup) and list it in vLLM's CuTe-DSL warmup."""
+    if (key, config) in PROVIDER.kernels or device_unsupported_reason() is not None:
         return
-    reason = key.unsupported_reason()
+    reason = key.unsupported_reason() or config.unsupported_reason(key)
     if reason is not None:
         logger.warning(
             "FA4: no prefill kernel for %s (%s); prefill uses the reference", key, reason
@@ -61,14 +56,15 @@ def request(key: KernelKey, vllm_config=None) -> None:
     from vllm_fa4.kernels.compile import compile_keys
 
     started = time.perf_counter()
-    compile_keys([key], progress=False)
+    compile_keys([key], config, progress=False)
     logger.info(
-        "FA4: prefill kernel %s ready in %.1f s (compiled or loaded from disk)",
+        "FA4: prefill kernel %s (%s) ready in %.1f s (compiled or loaded from disk)",
         key,
+        config.spec,
         time.perf_counter() - started,
     )
-    if not PROVIDER.keys:
+    if not PROVIDER.kernels:
         from vllm.model_executor.warmup.cutedsl_warmup import register_cutedsl_warmup_provider
 
         register_cutedsl_warmup_provider(PROVIDER)
-    PROVIDER.keys.append(key)
+    PROVIDER.kernels.append((key, config))

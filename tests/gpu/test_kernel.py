@@ -1,55 +1,28 @@
 """GPU correctness of the SM90 paged prefill kernel against the fp32 reference.
 
-Every test runs once per kernel variant in VLLM_FA4_TEST_VARIANTS (default: the process
-variant from VLLM_FA4_VARIANT; ``all`` = config.ALL_VARIANTS; or a list such as
+Every test runs once per kernel config in VLLM_FA4_TEST_VARIANTS (default: the process config
+from VLLM_FA4_VARIANT; ``all`` = testing.variants.ALL_CONFIGS; or a list such as
 "base overlap+pingpong"). Example: VLLM_FA4_TEST_VARIANTS=all pytest tests/gpu/test_kernel.py
 """
-
-import os
 
 import pytest
 import torch
 
-from vllm_fa4.kernels.config import KernelKey, parse_variants, tile_shape, tokens_per_tile
-from vllm_fa4.paged_prefill.plan import build_work_tiles as plan_work_tiles
+from vllm_fa4.testing.variants import config_id, sweep_configs
 
 pytestmark = pytest.mark.gpu
 
-
-def _test_variants():
-    spec = os.environ.get("VLLM_FA4_TEST_VARIANTS")
-    if spec:
-        return parse_variants(spec)
-    from vllm_fa4.kernels.compile import VARIANT
-
-    return (VARIANT,)
+CONFIGS = sweep_configs()
 
 
-VARIANTS = _test_variants()
-
-
-@pytest.fixture(params=VARIANTS, ids=[v.name for v in VARIANTS], autouse=True)
+@pytest.fixture(params=CONFIGS, ids=[config_id(c) for c in CONFIGS], autouse=True)
 def variant(request):
     return request.param
 
 
-DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
-def build_work_tiles(cu_seqlens_q, seqused_k, num_kv_heads, head_dim, qpk, device):
-    """The planner's LPT work list (batch, kv_head, m_block, cost) for this batch."""
-    cu, k_lens = cu_seqlens_q.cpu().numpy(), seqused_k.cpu().numpy()
-    rows = plan_work_tiles(
-        cu[1:] - cu[:-1],
-        k_lens,
-        num_kv_heads,
-        tokens_per_tile(head_dim, qpk),
-        tile_shape(head_dim)[1],
-    )
-    return torch.from_numpy(rows).to(device=device, dtype=torch.int32).reshape(-1, 4)
-
-
 def run_case(specs, hq, hkv, hd, page, dtype, variant, seed=0, check_lse=True, q_pad=0):
+    """Plan (the planner's own work list) and run one batch with config ``variant``; check it
+    against the fp32 reference. Returns (out, lse, (plan, q, case))."""
     from vllm_fa4.kernels.compile import prefill_forward
     from vllm_fa4.testing import cases, checks
 
@@ -59,25 +32,20 @@ def run_case(specs, hq, hkv, hd, page, dtype, variant, seed=0, check_lse=True, q
         big = torch.randn(q.shape[0], hq * hd + q_pad, dtype=dtype, device="cuda")
         big[:, : hq * hd] = q.reshape(q.shape[0], -1)
         q = big[:, : hq * hd].view(q.shape[0], hq, hd)
-    qpk = hq // hkv
-    key = KernelKey(DTYPES[dtype], hd, page, qpk)
-    work = build_work_tiles(case.cu_seqlens_q, case.seqused_k, hkv, hd, qpk, "cuda")
+    plan = case.plan(variant)
     out = torch.full_like(q, float("nan")).contiguous()
     lse = torch.full((hq, q.shape[0]), float("nan"), dtype=torch.float32, device="cuda")
-    if work.shape[0]:
+    if plan.num_tiles:
         prefill_forward(
-            key,
+            plan.key,
+            plan.config,
             q,
             case.k_cache,
             case.v_cache,
             out,
             lse if check_lse else None,
-            case.cu_seqlens_q,
-            case.seqused_k,
-            case.page_table,
-            work,
+            plan.args,
             case.softmax_scale,
-            variant,
         )
     torch.cuda.synchronize()
     ref, ref_lse = case.reference(q)
@@ -85,7 +53,7 @@ def run_case(specs, hq, hkv, hd, page, dtype, variant, seed=0, check_lse=True, q
     checks.assert_attention_close(out, ref, lowp, cu_seqlens_q=case.cu_seqlens_q)
     if check_lse:
         checks.assert_lse_close(lse, ref_lse)
-    return out, lse, (key, q, case, work)
+    return out, lse, (plan, q, case)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -148,7 +116,7 @@ def test_long_context_64k(variant):
 
 
 def test_bit_identical_twice(variant):
-    out1, lse1, (key, q, case, work) = run_case(
+    out1, lse1, (plan, q, case) = run_case(
         [(700, 1500), (90, 90)], 32, 8, 128, 16, torch.bfloat16, variant
     )
     from vllm_fa4.kernels.compile import prefill_forward
@@ -156,18 +124,15 @@ def test_bit_identical_twice(variant):
     out2 = torch.full_like(out1, float("nan"))
     lse2 = torch.full_like(lse1, float("nan"))
     prefill_forward(
-        key,
+        plan.key,
+        plan.config,
         q,
         case.k_cache,
         case.v_cache,
         out2,
         lse2,
-        case.cu_seqlens_q,
-        case.seqused_k,
-        case.page_table,
-        work,
+        plan.args,
         case.softmax_scale,
-        variant,
     )
     torch.cuda.synchronize()
     assert torch.equal(out1.view(torch.int16), out2.view(torch.int16))

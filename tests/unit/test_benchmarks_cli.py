@@ -17,13 +17,15 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks"
 
 
-def _load(name: str):
+def _load(name: str, path: Path | None = None):
+    """A script as a module, by file (default: benchmarks/NAME.py)."""
     if str(BENCH) not in sys.path:
         sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path or BENCH / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
@@ -32,7 +34,7 @@ def _load(name: str):
 
 kernels = _load("kernels")
 serving = _load("serving")
-smollm2 = _load("smollm2")
+smollm2 = _load("smollm2", ROOT / "tests" / "e2e" / "smollm2_accuracy.py")  # also a slow test
 # the helpers as the scripts import them (same module objects, so monkeypatching works)
 common = importlib.import_module("_common")
 peers = importlib.import_module("_peers")
@@ -227,8 +229,8 @@ def test_subset_plan():
 def _testing():
     pytest.importorskip("torch")
     try:
+        from vllm_fa4.paged_prefill.reference import paged_attention_reference
         from vllm_fa4.testing.cases import make_paged_case
-        from vllm_fa4.testing.reference import paged_attention_reference
     except ImportError as exc:
         pytest.skip(f"vllm_fa4.testing not importable: {exc}")
     return make_paged_case, paged_attention_reference
@@ -409,7 +411,7 @@ def test_stop_group_kills_the_whole_group(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# smollm2.py
+# tests/e2e/smollm2_accuracy.py (the SmolLM2 accuracy check; its GPU run is tests/e2e)
 
 
 def test_find_gguf_without_importing(tmp_path):
@@ -451,6 +453,16 @@ def test_smollm2_dry_run(capsys, tmp_path):
     assert smollm2.main(["--dry-run", "--out", str(tmp_path), "--smol-site", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "--worker FA4" in out and "--worker FLASHINFER" in out
+
+
+def test_smollm2_dry_run_as_a_script(tmp_path):
+    # run from tests/e2e, the script still finds benchmarks/_common.py
+    args = ["--dry-run", "--out", str(tmp_path), "--smol-site", str(tmp_path)]
+    proc = subprocess.run(
+        [sys.executable, smollm2.__file__, *args], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "--worker FA4" in proc.stdout and "smollm2_accuracy.py" in proc.stdout
 
 
 def test_serve_runs_merge_into_one_report(tmp_path, monkeypatch):

@@ -5,13 +5,14 @@ import math
 import pytest
 import torch
 
-from vllm_fa4.kernels.config import tile_shape, tokens_per_tile
+from vllm_fa4.kernels.config import KernelKey, tile_geometry
+from vllm_fa4.paged_prefill.plan import L2_SECTION_BYTES, build_work_tiles
 
 BLOCK = 16
 HQ, HKV, D = 32, 8, 128
 QPK = HQ // HKV
-TILE_M, TILE_N = tile_shape(D)
-TPT = tokens_per_tile(D, QPK)
+_GEOMETRY = tile_geometry(KernelKey("bfloat16", D, 16, QPK))
+TILE_M, TILE_N, TPT = _GEOMETRY.tile_m, _GEOMETRY.tile_n, _GEOMETRY.tokens_per_tile
 
 
 def make_builder(vllm_config, threshold=None):
@@ -69,14 +70,15 @@ def check_prefill(md, query_lens, seq_lens, nd):
     p = md.prefill
     pq, ps = query_lens[nd:], seq_lens[nd:]
     assert p.num_reqs == len(pq) and p.num_tokens == sum(pq)
-    assert p.cu_seqlens_q.tolist() == [0] + list(torch.tensor(pq).cumsum(0).tolist())
-    assert p.seqused_k.tolist() == ps
+    assert p.args.cu_seqlens_q.tolist() == [0] + list(torch.tensor(pq).cumsum(0).tolist())
+    assert p.args.seqused_k.tolist() == ps
     assert p.max_seqlen_q == max(pq) and p.max_seqlen_k == max(ps)
     assert p.key.head_dim == D and p.key.page_size == BLOCK and p.key.qhead_per_kvhead == QPK
-    tiles = [tuple(r) for r in p.work_tiles.tolist()]
+    tiles = [tuple(r) for r in p.args.work_tiles.tolist()]
     assert sorted(tiles) == sorted(expected_tiles(pq, ps))
-    costs = [t[3] for t in tiles]
-    assert costs == sorted(costs, reverse=True)
+    # The builder's order is the planner's: LPT inside L2 sections (test_plan checks it).
+    order = build_work_tiles(pq, ps, HKV, TPT, TILE_N, 2 * D * 2, L2_SECTION_BYTES)
+    assert tiles == [tuple(r) for r in order.tolist()]
 
 
 SPECS = {
@@ -123,7 +125,7 @@ def test_pure_decode_passes_padded_metadata_through(vllm_config):
 def test_page_table_is_a_view_of_the_block_table(vllm_config):
     cm = make_common([1, 1, 500], [9, 9, 500])
     md = make_builder(vllm_config).build(0, cm)
-    table = md.prefill.page_table
+    table = md.prefill.args.page_table
     assert table.data_ptr() == cm.block_table_tensor[2:].data_ptr()
     assert table.stride() == cm.block_table_tensor.stride()
 
@@ -139,7 +141,7 @@ def test_spec_decode_rows_stay_on_the_decode_path(vllm_config):
 def test_chunk_after_long_prefix_is_scheduled_first(vllm_config):
     query_lens, seq_lens = [2048, 2048], [2048, 18432]
     md = make_builder(vllm_config).build(0, make_common(query_lens, seq_lens))
-    first = md.prefill.work_tiles[0].tolist()
+    first = md.prefill.args.work_tiles[0].tolist()
     assert first[0] == 1 and first[3] == math.ceil(18432 / TILE_N)
 
 

@@ -11,13 +11,14 @@ import textwrap  # noqa: E402
 import pytest  # noqa: E402
 
 from vllm_fa4.kernels.config import (  # noqa: E402
-    ALL_VARIANTS,
+    DEFAULT_CONFIG,
     SUPPORTED_DTYPES,
     SUPPORTED_HEAD_DIMS,
     SUPPORTED_PAGE_SIZES,
+    KernelConfig,
     KernelKey,
-    Variant,
 )
+from vllm_fa4.testing.variants import ALL_CONFIGS, parse_configs  # noqa: E402
 
 # Every compile-time key a Llama-family model can need (dtype x head dim x page size) at GQA 4,
 # plus odd and extreme GQA groups (the group size only changes row-to-head arithmetic).
@@ -38,23 +39,23 @@ KEYS = sorted(
 def test_compile_key(key):
     from vllm_fa4.kernels.compile import compile_kernel
 
-    assert compile_kernel(key, has_lse=True) is not None
+    assert compile_kernel(key, DEFAULT_CONFIG, has_lse=True) is not None
 
 
-# Every non-base variant at the benchmark key; the combined variant also at the head-dim /
+# Every non-base config at the benchmark key; the combined variant also at the head-dim /
 # page / GQA extremes (smem epilogue lane layout per head dim, box splitting at page 128).
-VARIANT_CASES = [(v.name, KernelKey("bfloat16", 128, 16, 4)) for v in ALL_VARIANTS[1:]] + [
-    ("pingpong+box64", KernelKey("bfloat16", 128, 128, 4)),
-    ("overlap+pingpong+smemepi+box32", KernelKey("bfloat16", 128, 64, 4)),
-    ("overlap+pingpong+smemepi", KernelKey("float16", 64, 128, 1)),
-    ("overlap+pingpong+smemepi", KernelKey("bfloat16", 256, 16, 3)),
-    ("pingpong+smemepi", KernelKey("bfloat16", 256, 128, 8)),
-    ("stages3", KernelKey("float16", 64, 16, 3)),
-    ("pingpong+pagepf", KernelKey("bfloat16", 128, 128, 4)),
-    ("overlap+pingpong+pagepf+box32", KernelKey("bfloat16", 128, 64, 4)),
-    ("overlap+pagepf", KernelKey("float16", 256, 16, 3)),
-    ("persist+smemepi", KernelKey("bfloat16", 256, 128, 8)),
-    ("persist+stages3", KernelKey("float16", 64, 32, 1)),
+VARIANT_CASES = [(c.spec, KernelKey("bfloat16", 128, 16, 4)) for c in ALL_CONFIGS[1:]] + [
+    ("pingpong+max_box_n=64", KernelKey("bfloat16", 128, 128, 4)),
+    ("overlap+pingpong+smem_epilogue+max_box_n=32", KernelKey("bfloat16", 128, 64, 4)),
+    ("overlap+pingpong+smem_epilogue", KernelKey("float16", 64, 128, 1)),
+    ("overlap+pingpong+smem_epilogue", KernelKey("bfloat16", 256, 16, 3)),
+    ("pingpong+smem_epilogue", KernelKey("bfloat16", 256, 128, 8)),
+    ("kv_stages=3", KernelKey("float16", 64, 16, 3)),
+    ("pingpong+page_prefetch", KernelKey("bfloat16", 128, 128, 4)),
+    ("overlap+pingpong+page_prefetch+max_box_n=32", KernelKey("bfloat16", 128, 64, 4)),
+    ("overlap+page_prefetch", KernelKey("float16", 256, 16, 3)),
+    ("smem_epilogue+persistent", KernelKey("bfloat16", 256, 128, 8)),
+    ("persistent+kv_stages=3", KernelKey("float16", 64, 32, 1)),
 ]
 
 
@@ -62,31 +63,59 @@ VARIANT_CASES = [(v.name, KernelKey("bfloat16", 128, 16, 4)) for v in ALL_VARIAN
 def test_compile_variants(spec, key):
     from vllm_fa4.kernels.compile import compile_kernel
 
-    assert compile_kernel(key, has_lse=True, variant=Variant.parse(spec)) is not None
+    assert compile_kernel(key, KernelConfig.parse(spec), has_lse=True) is not None
 
 
 def test_three_stages_refused_where_shared_memory_is_short():
-    from vllm_fa4.kernels.config import kernel_config
+    from vllm_fa4.kernels.compile import compile_kernel
 
-    assert kernel_config(KernelKey("bfloat16", 128, 16, 4), Variant.parse("stages3")).kv_stages == 3
+    three = KernelConfig.parse("kv_stages=3")
+    assert three.unsupported_reason(KernelKey("bfloat16", 128, 16, 4)) is None
+    key256 = KernelKey("bfloat16", 256, 16, 4)
+    assert "shared memory" in three.unsupported_reason(key256)
     with pytest.raises(ValueError, match="shared memory"):
-        kernel_config(KernelKey("bfloat16", 256, 16, 4), Variant.parse("stages3"))
+        compile_kernel(key256, three)
 
 
-def test_variant_names_roundtrip():
-    from vllm_fa4.kernels.config import kernel_config, parse_variants
+def test_config_spellings_roundtrip(monkeypatch):
+    for config in ALL_CONFIGS:
+        assert KernelConfig.parse(config.spec) == config
+    assert len({c.spec for c in ALL_CONFIGS}) == len(ALL_CONFIGS)
+    assert parse_configs("all") == ALL_CONFIGS
+    monkeypatch.delenv("VLLM_FA4_VARIANT", raising=False)
+    assert parse_configs(None) == (None,)  # each key's default config
+    assert parse_configs("default base") == (None, KernelConfig())
+    monkeypatch.setenv("VLLM_FA4_VARIANT", "pingpong")
+    assert parse_configs(None) == (KernelConfig(pingpong=True),)
+    assert parse_configs("base overlap+pingpong") == (
+        KernelConfig(),
+        KernelConfig(overlap=True, pingpong=True),
+    )
+    assert KernelConfig.parse("max_box_n=64").box_n(KernelKey("bfloat16", 128, 128, 4)) == 64
+    assert KernelConfig.parse("max_box_n=64").box_n(KernelKey("bfloat16", 128, 16, 4)) == 16
+    snake = KernelConfig.parse("snake")
+    assert "needs 'persistent'" in snake.unsupported_reason(KernelKey("bfloat16", 128, 16, 4))
 
-    for v in ALL_VARIANTS:
-        assert Variant.parse(v.name) == v
-    assert parse_variants("all") == ALL_VARIANTS
-    assert parse_variants(None) == (Variant(),)
-    assert parse_variants("base overlap+pingpong") == (Variant(), Variant(True, True))
-    assert kernel_config(KernelKey("bfloat16", 128, 128, 4), Variant.parse("box64")).box_n == 64
-    assert kernel_config(KernelKey("bfloat16", 128, 16, 4), Variant.parse("box64")).box_n == 16
-    with pytest.raises(ValueError):
-        Variant.parse("pingpnog")
-    with pytest.raises(ValueError, match="needs 'persist'"):
-        kernel_config(KernelKey("bfloat16", 128, 16, 4), Variant.parse("snake"))
+
+def test_default_config_by_page_size():
+    from vllm_fa4.kernels.config import default_config
+
+    assert default_config(KernelKey("bfloat16", 128, 16, 4)) == DEFAULT_CONFIG
+    assert default_config(KernelKey("bfloat16", 128, 64, 4)) == DEFAULT_CONFIG
+    assert default_config(KernelKey("bfloat16", 128, 128, 4)) == KernelConfig(
+        overlap=True, pingpong=True
+    )
+
+
+@pytest.mark.parametrize("spec", ["pingpnog", "smemepi", "kv_stages", "overlap=1", "kv_stages=x"])
+def test_bad_config_spelling_names_the_valid_ones(spec, monkeypatch):
+    from vllm_fa4 import envs
+
+    with pytest.raises(ValueError, match="kv_stages"):
+        KernelConfig.parse(spec)
+    monkeypatch.setenv("VLLM_FA4_VARIANT", spec)
+    with pytest.raises(ValueError, match="VLLM_FA4_VARIANT"):
+        envs.kernel_config()
 
 
 def test_disk_cache_roundtrip(tmp_path):
@@ -99,11 +128,11 @@ def test_disk_cache_roundtrip(tmp_path):
         from vllm_fa4.kernels import compile as c
         from vllm_fa4.kernels.config import KernelKey
         key = KernelKey("bfloat16", 128, 16, 4)
-        path = c._entry_path((key, False, c.VARIANT))
+        path = c._CACHE.entry_path((key, c.DEFAULT_CONFIG, False))
         existed = path.exists()
         called = []
-        orig = c.compile_kernel
-        c.compile_kernel = lambda *a, **k: (called.append(1), orig(*a, **k))[1]
+        orig = c._CACHE.compile_fn
+        c._CACHE.compile_fn = lambda *a, **k: (called.append(1), orig(*a, **k))[1]
         c.compile_keys([key])
         print("EXISTED", existed, "COMPILED", bool(called))
         """
@@ -126,7 +155,7 @@ def test_snake_walk_covers_every_tile_once_and_balances(num_tiles, num_ctas):
     """The persistent snake walk (kernel's own function, on Python ints) visits each tile
     exactly once, and on an LPT-sorted cost list the CTA shares are closer than a plain
     stride walk's."""
-    from vllm_fa4.kernels.scheduler import snake_tile
+    from vllm_fa4.kernels.tile_scheduler import snake_tile
 
     seen = []
     share = {"snake": [0] * num_ctas, "stride": [0] * num_ctas}

@@ -8,11 +8,11 @@ import time
 import pytest
 import torch
 
-from vllm_fa4.kernels.config import KernelKey, tile_shape, tokens_per_tile
+from vllm_fa4.kernels.config import KernelConfig, KernelKey, TileGeometry, tile_geometry
 from vllm_fa4.paged_prefill import PrefillPlan, plan_prefill
 
 
-def _plan(specs, hq=32, hkv=8, d=128, page=16, dtype=torch.bfloat16) -> PrefillPlan:
+def _plan(specs, hq=32, hkv=8, d=128, page=16, dtype=torch.bfloat16, **options) -> PrefillPlan:
     q_lens = [s[0] for s in specs]
     k_lens = [s[1] for s in specs]
     cu = torch.zeros(len(specs) + 1, dtype=torch.int32)
@@ -23,21 +23,18 @@ def _plan(specs, hq=32, hkv=8, d=128, page=16, dtype=torch.bfloat16) -> PrefillP
     return plan_prefill(
         cu,
         seq,
+        key=KernelKey.for_layer(dtype, d, page, hq, hkv),
+        num_kv_heads=hkv,
         cu_seqlens_q=cu.clone(),
         seqused_k=seq.clone(),
         page_table=table,
-        num_q_heads=hq,
-        num_kv_heads=hkv,
-        head_dim=d,
-        page_size=page,
-        dtype=dtype,
-        device="cpu",
+        **options,
     )
 
 
 def _brute_force(specs, hkv, d, qpk):
-    tpt = tokens_per_tile(d, qpk)
-    tile_n = tile_shape(d)[1]
+    geometry = tile_geometry(KernelKey("bfloat16", d, 16, qpk))
+    tpt, tile_n = geometry.tokens_per_tile, geometry.tile_n
     tiles = {}
     for b, (q_len, k_len) in enumerate(specs):
         ctx = k_len - q_len
@@ -55,7 +52,7 @@ SPECS = [(5, 40), (0, 7), (300, 300), (1, 130), (700, 3000), (129, 129), (64, 50
     "hq,hkv,d", [(32, 8, 128), (24, 8, 128), (8, 8, 64), (16, 2, 256), (32, 1, 128)]
 )
 def test_work_list_is_brute_force_lpt(hq, hkv, d):
-    plan = _plan(SPECS, hq, hkv, d)
+    plan = _plan(SPECS, hq, hkv, d, l2_section_bytes=None)
     rows = plan.work_tiles_cpu.tolist()
     expect = _brute_force(SPECS, hkv, d, hq // hkv)
     got = {(b, h, m): c for b, h, m, c in rows}
@@ -68,10 +65,13 @@ def test_work_list_is_brute_force_lpt(hq, hkv, d):
         if a[3] == b[3]:
             assert tuple(a[:3]) < tuple(b[:3])
     assert plan.num_tiles == len(rows) and plan.total_work == sum(costs)
-    assert plan.work_tiles is plan.work_tiles_cpu or torch.equal(
-        plan.work_tiles, plan.work_tiles_cpu
+    assert plan.args.work_tiles is plan.work_tiles_cpu or torch.equal(
+        plan.args.work_tiles, plan.work_tiles_cpu
     )
-    assert plan.work_tiles.dtype == torch.int32 and plan.work_tiles.shape == (len(rows), 4)
+    assert plan.args.work_tiles.dtype == torch.int32 and plan.args.work_tiles.shape == (
+        len(rows),
+        4,
+    )
 
 
 def test_chunk_after_long_context_ranks_before_fresh_prefill():
@@ -86,7 +86,7 @@ def test_chunk_after_long_context_ranks_before_fresh_prefill():
 def test_tokens_per_tile_qpk3():
     # qpk 3 -> tpt = 128 // 3 = 42 tokens per M tile (126 of 128 rows used)
     plan = _plan([(100, 100)], hq=6, hkv=2, d=128)
-    assert plan.tokens_per_tile == 42 and plan.key.qhead_per_kvhead == 3
+    assert plan.geometry.tokens_per_tile == 42 and plan.key.qhead_per_kvhead == 3
     rows = sorted(plan.work_tiles_cpu.tolist())
     assert [r[2] for r in rows] == [0, 1, 2, 0, 1, 2]  # ceil(100 / 42) = 3 per kv head
     # last token of tile 0 is 41 -> 42 keys -> 1 KV tile; all tiles here need 1 KV tile
@@ -103,7 +103,7 @@ def test_fields_hand_computed():
         40,
         300,
     )
-    assert (plan.tile_m, plan.tile_n, plan.tokens_per_tile) == (128, 128, 32)
+    assert plan.geometry == TileGeometry(tile_m=128, tile_n=128, tokens_per_tile=32)
     # req 0: ctx 260; m0 covers tokens 0..31 -> 292 keys -> 3 tiles; m1 tokens 32..39 -> 300 -> 3
     # req 2: ctx 0; m0 tokens 0..31 -> 32 keys -> 1 tile
     assert plan.work_tiles_cpu.tolist() == [
@@ -115,33 +115,32 @@ def test_fields_hand_computed():
         [2, 1, 0, 1],
     ]
     assert plan.num_tiles == 6 and plan.total_work == 14
-    assert plan.qhead_per_kvhead == 4 and plan.dtype == torch.bfloat16
+    assert plan.num_q_heads == 8 and plan.key.dtype == "bfloat16"
 
 
 def test_device_tensors_are_passed_through():
     cu = torch.tensor([0, 3], dtype=torch.int32)
     seq = torch.tensor([10], dtype=torch.int32)
     table = torch.zeros(4, 8, dtype=torch.int32)[1:2]  # a row view of a larger block table
+    config = KernelConfig.parse("persistent")
     plan = plan_prefill(
         cu,
         seq,
+        key=KernelKey("float16", 64, 16, 1),
+        config=config,
+        num_kv_heads=4,
         cu_seqlens_q=cu,
         seqused_k=seq,
         page_table=table,
-        num_q_heads=4,
-        num_kv_heads=4,
-        head_dim=64,
-        page_size=16,
-        dtype=torch.float16,
-        device="cpu",
     )
-    assert plan.page_table is table and plan.cu_seqlens_q is cu and plan.seqused_k is seq
-    assert plan.key.dtype == "float16" and plan.key.head_dim == 64
+    args = plan.args
+    assert args.page_table is table and args.cu_seqlens_q is cu and args.seqused_k is seq
+    assert plan.key.dtype == "float16" and plan.key.head_dim == 64 and plan.config is config
 
 
 def test_empty_and_all_zero_q():
     plan = _plan([(0, 5), (0, 9)])
-    assert plan.num_tiles == 0 and plan.num_tokens == 0 and plan.work_tiles.shape == (0, 4)
+    assert plan.num_tiles == 0 and plan.num_tokens == 0 and plan.args.work_tiles.shape == (0, 4)
 
 
 def test_planning_is_fast():
@@ -161,19 +160,17 @@ def test_validation_errors():
     seq = torch.tensor([10], dtype=torch.int32)
     table = torch.zeros(1, 1, dtype=torch.int32)
     kw = dict(
+        key=KernelKey("bfloat16", 128, 16, 4),
+        num_kv_heads=2,
         cu_seqlens_q=cu,
         seqused_k=seq,
         page_table=table,
-        num_q_heads=8,
-        num_kv_heads=2,
-        head_dim=128,
-        page_size=16,
-        dtype=torch.bfloat16,
-        device="cpu",
     )
     plan_prefill(cu, seq, **kw)  # valid
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
-        plan_prefill(cu, seq, **{**kw, "num_kv_heads": 3})
+        KernelKey.for_layer(torch.bfloat16, 128, 16, 8, 3)
+    with pytest.raises(ValueError, match="num_kv_heads must be positive"):
+        plan_prefill(cu, seq, **{**kw, "num_kv_heads": 0})
     with pytest.raises(ValueError, match="int32"):
         plan_prefill(cu.long(), seq, **kw)
     with pytest.raises(ValueError, match="start at 0"):
@@ -184,3 +181,65 @@ def test_validation_errors():
         plan_prefill(cu, torch.tensor([17], dtype=torch.int32), **kw)
     with pytest.raises(ValueError, match="page_table must be"):
         plan_prefill(cu, seq, **{**kw, "page_table": torch.zeros(2, 1, dtype=torch.int32)})
+
+
+def _pairs(rows):
+    return [(r[0], r[1]) for r in rows]
+
+
+@pytest.mark.parametrize(
+    "specs",
+    [
+        [(16384, 16384)],
+        [(8192, 8192)] * 2,
+        [(2048, 2048 + 65536)],
+        [(16384, 16384)] + [(512, 512)] * 31,
+        [(5, 40), (0, 7), (300, 300), (64, 5000), (2048, 70000)],
+    ],
+)
+def test_l2_sections_reorder_lpt_without_losing_a_tile(specs):
+    """The L2-sectioned order holds exactly the LPT list's tiles; each section's K/V fits
+    the budget (or is one pair), sections run longest pair first, LPT inside each."""
+    from vllm_fa4.paged_prefill.plan import build_work_tiles
+
+    q = [s[0] for s in specs]
+    k = [s[1] for s in specs]
+    hkv, per_token, budget = 8, 512, 16 << 20
+    lpt = build_work_tiles(q, k, hkv, 32, 128)
+    l2 = build_work_tiles(q, k, hkv, 32, 128, per_token, budget)
+    assert sorted(map(tuple, lpt.tolist())) == sorted(map(tuple, l2.tolist()))
+    # Cut the order where a new pair appears after its section's pairs are all seen: walk
+    # and rebuild sections as maximal runs in which cost never rises.
+    sections, current = [], [l2[0]]
+    for row in l2[1:]:
+        if row[3] > current[-1][3]:
+            sections.append(current)
+            current = []
+        current.append(row)
+    sections.append(current)
+    seen = set()
+    for rows in sections:
+        pairs = set(_pairs(rows))
+        assert not pairs & seen, "a pair's tiles are split across sections"
+        seen |= pairs
+        bytes_ = sum(k[b] * per_token for b, _ in pairs)
+        assert len(pairs) == 1 or bytes_ <= budget + max(k) * per_token
+    firsts = [max(r[3] for r in rows) for rows in sections]
+    assert firsts == sorted(firsts, reverse=True)
+
+
+def test_l2_sections_keep_fewer_pairs_in_flight():
+    from vllm_fa4.paged_prefill.plan import build_work_tiles
+
+    args = ([2048], [2048 + 65536], 8, 32, 128)
+    lpt = build_work_tiles(*args)
+    l2 = build_work_tiles(*args, 512, 16 << 20)
+    assert len(set(_pairs(lpt[:132]))) == 8 and len(set(_pairs(l2[:132]))) <= 3
+
+
+def test_plan_uses_sections_and_key_default_config():
+    plan = _plan([(16384, 16384)], page=128)
+    assert plan.config.overlap and plan.config.pingpong  # page 128 default
+    heads_first = {r[1] for r in plan.work_tiles_cpu[:132].tolist()}
+    assert len(heads_first) <= 2  # 8 MB of K/V per head, 16 MiB sections
+    assert _plan([(16384, 16384)], page=16).config == KernelConfig()

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from vllm_fa4.paged_prefill.reference import paged_attention_reference
 from vllm_fa4.testing.cases import make_paged_case
-from vllm_fa4.testing.reference import paged_attention_reference
 
 
 def _dense_kv(case, b):
@@ -102,7 +102,7 @@ def test_rows_without_visible_key_are_zero_and_neg_inf():
 
 
 def test_chunking_is_invisible(monkeypatch):
-    import vllm_fa4.testing.reference as reference
+    import vllm_fa4.paged_prefill.reference as reference
 
     case = make_paged_case([(50, 90), (7, 7)], 4, 2, 16, 16, torch.float32, "cpu")
     full, full_lse = case.reference()

@@ -8,20 +8,25 @@ import sys
 import pytest
 import torch
 
-from vllm_fa4.kernels.config import KernelKey
+from vllm_fa4 import envs
+from vllm_fa4.kernels.config import DEFAULT_CONFIG, KernelConfig, KernelKey
+from vllm_fa4.kernels.launch import LaunchArgs
+from vllm_fa4.paged_prefill import route as route_mod
 from vllm_fa4.paged_prefill import run as run_mod
 from vllm_fa4.paged_prefill import run_prefill, select_route, split_kv_cache
 from vllm_fa4.testing.cases import make_paged_case
 
 KEY = KernelKey("bfloat16", 128, 16, 4, True)
+CONFIG = DEFAULT_CONFIG
+ROUTE_ENV = envs.PREFILL_ROUTE
 
 
 @pytest.fixture(autouse=True)
 def _fresh_routes(monkeypatch):
-    monkeypatch.delenv(run_mod.ROUTE_ENV, raising=False)
-    run_mod._clear_route_cache()
+    monkeypatch.delenv(ROUTE_ENV, raising=False)
+    route_mod.clear_route_cache()
     yield
-    run_mod._clear_route_cache()
+    route_mod.clear_route_cache()
 
 
 def _setup(
@@ -48,16 +53,16 @@ def test_reference_route_matches_reference(caplog):
 
 def test_route_is_reference_on_cpu_and_logged_once(caplog):
     with caplog.at_level(logging.INFO, logger="vllm_fa4"):
-        assert select_route(KEY, torch.device("cpu")) == "reference"
-        assert select_route(KEY, torch.device("cpu")) == "reference"
+        assert select_route(KEY, CONFIG, torch.device("cpu")) == "reference"
+        assert select_route(KEY, CONFIG, torch.device("cpu")) == "reference"
     msgs = [r for r in caplog.records if r.name == "vllm_fa4"]
     assert len(msgs) == 1 and "not a CUDA GPU" in msgs[0].getMessage()
 
 
 def test_forced_kernel_route_raises_without_gpu(monkeypatch):
-    monkeypatch.setenv(run_mod.ROUTE_ENV, "kernel")
+    monkeypatch.setenv(ROUTE_ENV, "kernel")
     with pytest.raises(RuntimeError, match="VLLM_FA4_PREFILL_ROUTE=kernel.*not a CUDA GPU"):
-        select_route(KEY, "cpu")
+        select_route(KEY, CONFIG, "cpu")
     case, plan = _setup()
     with pytest.raises(RuntimeError, match="no FA4 prefill kernel"):
         run_prefill(
@@ -71,9 +76,9 @@ def test_forced_kernel_route_raises_without_gpu(monkeypatch):
 
 
 def test_bad_route_env(monkeypatch):
-    monkeypatch.setenv(run_mod.ROUTE_ENV, "fast")
+    monkeypatch.setenv(ROUTE_ENV, "fast")
     with pytest.raises(ValueError, match="expected one of"):
-        select_route(KEY, "cpu")
+        select_route(KEY, CONFIG, "cpu")
 
 
 class _FakeCompile:
@@ -84,6 +89,9 @@ class _FakeCompile:
 
     def prefill_forward(self, *args):
         self.calls.append(args)
+
+    def __getattr__(self, name):  # the module's other names are never touched here
+        raise AttributeError(name)
 
 
 @pytest.fixture
@@ -96,14 +104,14 @@ def fake_sm90(monkeypatch):
 
 def test_kernel_route_when_available(fake_sm90, caplog):
     with caplog.at_level(logging.INFO, logger="vllm_fa4"):
-        assert select_route(KEY, "cuda:0") == "kernel"
+        assert select_route(KEY, CONFIG, "cuda:0") == "kernel"
     assert any("-> kernel" in r.getMessage() for r in caplog.records)
 
 
 def test_forced_reference_warns_when_kernel_exists(fake_sm90, monkeypatch, caplog):
-    monkeypatch.setenv(run_mod.ROUTE_ENV, "reference")
+    monkeypatch.setenv(ROUTE_ENV, "reference")
     with caplog.at_level(logging.INFO, logger="vllm_fa4"):
-        assert select_route(KEY, "cuda:0") == "reference"
+        assert select_route(KEY, CONFIG, "cuda:0") == "reference"
     warn = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert warn and "although a compiled kernel exists" in warn[0].getMessage()
 
@@ -111,22 +119,31 @@ def test_forced_reference_warns_when_kernel_exists(fake_sm90, monkeypatch, caplo
 def test_unsupported_key_on_gpu_falls_back_loudly(fake_sm90, caplog):
     key = KernelKey("bfloat16", 96, 16, 4, True)
     with caplog.at_level(logging.INFO, logger="vllm_fa4"):
-        assert select_route(key, "cuda:0") == "reference"
+        assert select_route(key, CONFIG, "cuda:0") == "reference"
     warn = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert warn and "head dim 96" in warn[0].getMessage()
 
 
-def test_kernel_route_passes_contract_arguments(monkeypatch):
-    fake = _FakeCompile()
+def test_unsupported_config_on_gpu_falls_back_loudly(fake_sm90, caplog):
+    config = KernelConfig.parse("snake")
+    with caplog.at_level(logging.INFO, logger="vllm_fa4"):
+        assert select_route(KEY, config, "cuda:0") == "reference"
+    warn = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert warn and "'snake' needs 'persistent'" in warn[0].getMessage()
+
+
+def test_kernel_route_passes_contract_arguments(fake_sm90, monkeypatch):
     case, plan = _setup(d=128)
-    monkeypatch.setattr(run_mod, "select_route", lambda key, device: "kernel")
-    monkeypatch.setattr(run_mod, "_compile_module", fake)
+    monkeypatch.setattr(run_mod, "select_route", lambda key, config, device: "kernel")
     out, lse = case.new_out(), torch.empty(case.num_q_heads, case.num_tokens)
     run_prefill(plan, case.q, case.k_cache, case.v_cache, out, softmax_scale=0.5, lse=lse)
-    (args,) = fake.calls
-    assert args[0] == plan.key and args[1] is case.q and args[4] is out and args[5] is lse
-    assert args[6] is plan.cu_seqlens_q and args[7] is plan.seqused_k
-    assert args[8] is plan.page_table and args[9] is plan.work_tiles and args[10] == 0.5
+    (args,) = fake_sm90.calls
+    assert args[0] == plan.key and args[1] == plan.config and args[2] is case.q
+    assert args[5] is out and args[6] is lse and args[8] == 0.5
+    launch = args[7]
+    assert isinstance(launch, LaunchArgs) and launch is plan.args
+    assert launch.cu_seqlens_q is case.cu_seqlens_q and launch.seqused_k is case.seqused_k
+    assert launch.page_table is case.page_table and launch.work_tiles.shape == (plan.num_tiles, 4)
 
 
 def test_validation_errors():

@@ -1,9 +1,17 @@
-"""Device side of vllm-fa4: CuTe-DSL SM90 paged prefill kernels.
+"""Device side of vllm-fa4: CuTe-DSL SM90 paged prefill kernels (no vLLM imports).
 
 Kept light: importing this package must not import cutlass (the DSL import costs ~2 s).
-Use ``vllm_fa4.kernels.compile`` for ``prefill_forward`` / ``compile_keys``.
+
+    config.py          KernelKey, KernelConfig, tile_geometry (host only)
+    launch.py          LaunchArgs: the per-step tensors of a launch
+    compile.py         compile_kernel, compile_keys (warmup), prefill_forward (the launch)
+    cache.py           memory + disk cache of compiled kernels
+    fwd_sm90.py        the kernel: producer warpgroup + 2 consumer warpgroups
+    tile_scheduler.py  which work tile a CTA runs next
+    paged_kv.py, softmax.py, mask.py, epilogue.py, barriers.py   device building blocks
 """
 
-from vllm_fa4.kernels.config import KernelKey, tile_shape, tokens_per_tile
+from vllm_fa4.kernels.config import KernelConfig, KernelKey, tile_geometry
+from vllm_fa4.kernels.launch import LaunchArgs
 
-__all__ = ["KernelKey", "tile_shape", "tokens_per_tile"]
+__all__ = ["KernelConfig", "KernelKey", "LaunchArgs", "tile_geometry"]

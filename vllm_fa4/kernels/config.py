@@ -1,22 +1,31 @@
-"""Host-only kernel configuration: the compile key and the tile table.
+"""Host-only kernel configuration: the compile key, the tile geometry and the variant flags.
 
-Nothing here imports cutlass or touches a GPU, so the planner (and CPU tests) can ask
+Nothing here imports cutlass, torch or touches a GPU, so the planner (and CPU tests) can ask
 which tile a key uses without paying for the DSL import.
+
+    KernelKey      what the model fixes (dtype, head dim, page size, GQA group)
+    KernelConfig   how the kernel is built (compile-time performance flags), one spelling each
+    TileGeometry   tile sizes derived from a key, in one place (tile_geometry)
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 SUPPORTED_DTYPES = ("bfloat16", "float16")
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SUPPORTED_PAGE_SIZES = (16, 32, 64, 128)
+SMEM_BYTES = 227 * 1024  # dynamic shared memory one SM90 CTA may use
+
+
+def dtype_name(dtype) -> str:
+    """The key's spelling of a dtype: ``torch.bfloat16`` or ``"bfloat16"`` -> ``"bfloat16"``."""
+    return str(dtype).removeprefix("torch.")
 
 
 @dataclass(frozen=True)
 class KernelKey:
-    """Everything that is baked into one compiled prefill kernel.
+    """Everything that is baked into one compiled prefill kernel by the model's shape.
 
     Batch size, sequence lengths, head counts, number of pages and the softmax scale are
     runtime values and must never appear here (a per-call field would recompile per step).
@@ -28,6 +37,18 @@ class KernelKey:
     qhead_per_kvhead: int  # GQA group size packed into the M tile
     causal: bool = True
 
+    @classmethod
+    def for_layer(
+        cls, dtype, head_dim: int, page_size: int, num_q_heads: int, num_kv_heads: int
+    ) -> KernelKey:
+        """The key of an attention layer (``dtype`` as a torch dtype or its name)."""
+        if num_q_heads <= 0 or num_kv_heads <= 0 or num_q_heads % num_kv_heads:
+            raise ValueError(
+                f"num_q_heads ({num_q_heads}) must be a positive multiple of num_kv_heads "
+                f"({num_kv_heads})"
+            )
+        return cls(dtype_name(dtype), head_dim, page_size, num_q_heads // num_kv_heads)
+
     def unsupported_reason(self) -> str | None:
         if self.dtype not in SUPPORTED_DTYPES:
             return f"dtype {self.dtype} (supported: {', '.join(SUPPORTED_DTYPES)})"
@@ -35,187 +56,141 @@ class KernelKey:
             return f"head dim {self.head_dim} (supported: {SUPPORTED_HEAD_DIMS})"
         if self.page_size not in SUPPORTED_PAGE_SIZES:
             return f"page size {self.page_size} (supported: {SUPPORTED_PAGE_SIZES})"
-        if not 1 <= self.qhead_per_kvhead <= tile_shape(self.head_dim)[0]:
+        if not 1 <= self.qhead_per_kvhead <= tile_geometry(self).tile_m:
             return f"GQA group size {self.qhead_per_kvhead}"
         if not self.causal:
             return "non-causal attention"
         return None
 
 
-def tile_shape(head_dim: int) -> tuple[int, int]:
-    """(tile_m, tile_n): query rows (packed GQA rows) and keys per CTA tile.
-
-    tile_n is a multiple of every supported page size up to 64 and divides 128, so a K/V tile
-    is always a whole number of pages or a whole fraction of one page.
-    """
-    if head_dim == 256:
-        return 128, 64
-    return 128, 128
+@dataclass(frozen=True)
+class TileGeometry:
+    tile_m: int  # packed (token, q-head) rows per CTA tile
+    tile_n: int  # keys per K/V tile
+    tokens_per_tile: int  # query tokens per M tile: the GQA heads of a token sit in adjacent rows
 
 
-def tokens_per_tile(head_dim: int, qhead_per_kvhead: int) -> int:
-    """Query tokens per M tile: the GQA heads of one token sit in adjacent rows."""
-    return tile_shape(head_dim)[0] // qhead_per_kvhead
+def tile_geometry(key: KernelKey) -> TileGeometry:
+    """The tile sizes of ``key``. tile_n is a multiple of every supported page size up to 64
+    and divides 128, so a K/V tile is a whole number of pages or a whole fraction of one."""
+    tile_m, tile_n = (128, 64) if key.head_dim == 256 else (128, 128)
+    return TileGeometry(tile_m, tile_n, tile_m // max(key.qhead_per_kvhead, 1))
 
 
 @dataclass(frozen=True)
-class Variant:
-    """Compile-time performance switches (all part of the compile / disk-cache key).
+class KernelConfig:
+    """Compile-time performance flags (all part of the compile and disk-cache key).
 
-    Spelled as a string for env vars and test ids: flags joined by '+', e.g.
-    ``"overlap+pingpong+smemepi"``; ``"base"`` is no flag. ``boxN`` caps the K/V TMA box rows.
+    Spelled as a string for the environment and test ids: the field names joined by ``+``,
+    numbers as ``field=value``, e.g. ``"overlap+pingpong+kv_stages=3"``; ``"base"`` is the
+    default (no flag).
     """
 
-    overlap: bool = False  # intra-WG overlap: S_j and P_{j+1} V_{j+1} issued back to back
-    pingpong: bool = False  # inter-WG ping-pong: the two consumer WGs take turns issuing GEMMs
-    smem_epilogue: bool = False  # O staged through sQ, 16-byte row stores
-    max_box_n: int = 128  # cap on rows per K/V TMA box (pages > cap are split into boxes)
+    # Intra-WG overlap: S_j = Q K_j^T and O += P_{j+1} V_{j+1} issued back to back.
+    overlap: bool = False
+    # Inter-WG ping-pong: the two consumer WGs take turns issuing GEMMs (barriers.py).
+    pingpong: bool = False
+    # Epilogue: O staged through the WG's slice of sQ, then 16-byte row stores.
+    smem_epilogue: bool = False
     # Producer reads a tile's page-table entries before waiting for the free stage (their
     # latency hides under the wait) and K and V of one block share one read.
     page_prefetch: bool = False
-    kv_stages: int = 2  # K/V pipeline depth; 3 fits shared memory for head dims <= 128
     # Persistent grid: min(tiles, SMs) CTAs stride over the LPT-ordered work list, so the
     # producer loads the next tile's K/V while the consumers finish the current one.
     persistent: bool = False
     # With persistent: alternate the walk direction per round (balances the LPT shares).
     snake: bool = False
+    kv_stages: int = 2  # K/V pipeline depth; 3 fits shared memory for head dims <= 128
+    max_box_n: int = 128  # cap on rows per K/V TMA box (pages > cap are split into boxes)
 
-    @property
-    def name(self) -> str:
-        parts = [f for f in ("overlap", "pingpong") if getattr(self, f)]
-        if self.smem_epilogue:
-            parts.append("smemepi")
-        if self.max_box_n != 128:
-            parts.append(f"box{self.max_box_n}")
-        if self.page_prefetch:
-            parts.append("pagepf")
-        if self.kv_stages != 2:
-            parts.append(f"stages{self.kv_stages}")
-        if self.persistent:
-            parts.append("persist")
-        if self.snake:
-            parts.append("snake")
-        return "+".join(parts) or "base"
+    num_mma_wg = 2  # consumer warpgroups (class constant, not a flag)
 
     @classmethod
-    def parse(cls, spec: str) -> "Variant":
+    def parse(cls, spec: str) -> KernelConfig:
+        """``"base"`` or flags joined by ``+``; raises ValueError naming the valid spellings."""
         flags: dict = {}
-        for tok in spec.replace(",", "+").split("+"):
-            tok = tok.strip().lower()
-            if tok in ("", "base"):
+        by_name = {f.name: f for f in fields(cls)}
+        for token in spec.split("+"):
+            token = token.strip()
+            if token in ("", "base"):
                 continue
-            if tok in ("overlap", "pingpong"):
-                flags[tok] = True
-            elif tok == "smemepi":
-                flags["smem_epilogue"] = True
-            elif tok == "pagepf":
-                flags["page_prefetch"] = True
-            elif tok == "persist":
-                flags["persistent"] = True
-            elif tok == "snake":
-                flags["snake"] = True
-            elif tok in ("stages2", "stages3"):
-                flags["kv_stages"] = int(tok[-1])
-            elif tok.startswith("box") and tok[3:] in ("16", "32", "64", "128"):
-                flags["max_box_n"] = int(tok[3:])
-            else:
-                raise ValueError(f"vllm_fa4: unknown kernel variant flag {tok!r} in {spec!r}")
+            name, _, value = token.partition("=")
+            field = by_name.get(name)
+            if field is None or (field.type == "bool") == bool(value):
+                raise ValueError(
+                    f"vllm_fa4: unknown kernel config flag {token!r} in {spec!r}; valid: "
+                    f"{cls.spellings()}"
+                )
+            try:
+                flags[name] = int(value) if value else True
+            except ValueError:
+                raise ValueError(f"vllm_fa4: {name} takes an integer, got {token!r}") from None
         return cls(**flags)
 
+    @classmethod
+    def spellings(cls) -> str:
+        return "base, " + ", ".join(
+            f.name if f.type == "bool" else f"{f.name}=N" for f in fields(cls)
+        )
 
-DEFAULT_VARIANT = Variant()
+    @property
+    def spec(self) -> str:
+        default = KernelConfig()
+        parts = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value != getattr(default, f.name):
+                parts.append(f.name if f.type == "bool" else f"{f.name}={value}")
+        return "+".join(parts) or "base"
 
-# The set the GPU tests / benchmark sweep with `all` (named, so ids are stable).
-ALL_VARIANTS = tuple(
-    Variant.parse(s)
-    for s in (
-        "base",
-        "pingpong",
-        "overlap",
-        "overlap+pingpong",
-        "smemepi",
-        "overlap+pingpong+smemepi",
-        "pingpong+smemepi",
-        "pingpong+box64",
-        # not yet measured on a GPU (docs/perf-notes.md, "Diagnosis"): producer-side fixes
-        "pagepf",
-        "pingpong+pagepf",
-        "pingpong+stages3",
-        "overlap+pingpong+pagepf+stages3",
-        "persist",
-        "persist+smemepi",
-        "overlap+pingpong+persist",
-        # not yet run on a GPU: balanced persistent walk
-        "persist+snake",
-        "persist+snake+smemepi",
-    )
-)
+    def unsupported_reason(self, key: KernelKey) -> str | None:
+        """Why this config cannot build ``key``'s kernel, or None."""
+        if self.snake and not self.persistent:
+            return "flag 'snake' needs 'persistent'"
+        if self.kv_stages not in (2, 3):
+            return f"kv_stages={self.kv_stages} (supported: 2, 3)"
+        if self.max_box_n not in (16, 32, 64, 128):
+            return f"max_box_n={self.max_box_n} (supported: 16, 32, 64, 128)"
+        geo = tile_geometry(key)
+        # smem: Q tile_m*D + (K+V) per stage 2*tile_n*D elements (16-bit); 2 stages fit every
+        # head dim, 3 fit head dims <= 128 (224 KB at 128).
+        smem = 2 * key.head_dim * (geo.tile_m + 2 * geo.tile_n * self.kv_stages)
+        if smem > SMEM_BYTES - 1024:  # keep 1 KB for the mbarriers and alignment
+            return (
+                f"{self.kv_stages} K/V stages need {smem // 1024} KB of shared memory at head "
+                f"dim {key.head_dim} (limit {SMEM_BYTES // 1024} KB)"
+            )
+        return None
 
+    def box_n(self, key: KernelKey) -> int:
+        """Rows per K/V TMA box: one page, or a tile-sized slice of a larger page."""
+        return min(key.page_size, tile_geometry(key).tile_n, self.max_box_n)
 
-def parse_variants(spec: str | None) -> tuple[Variant, ...]:
-    """``all`` | comma-free list of variant specs separated by spaces or ';'."""
-    if not spec:
-        return (DEFAULT_VARIANT,)
-    if spec.strip() == "all":
-        return ALL_VARIANTS
-    return tuple(Variant.parse(s) for s in re.split(r"[;\s]+", spec.strip()) if s)
+    # pagepf keeps a tile's page indices live across the acquire: at 24 registers the
+    # producer spills them (page 16), so it takes 16 from the consumers (they use < 190).
+    @property
+    def producer_regs(self) -> int:
+        return 40 if self.page_prefetch else 24
 
-
-@dataclass(frozen=True)
-class KernelConfig:
-    """Derived, compile-time launch configuration for one KernelKey (host only)."""
-
-    tile_m: int
-    tile_n: int
-    box_n: int  # rows per K/V TMA box: one page, or a tile-sized slice of a larger page
-    kv_stages: int
-    num_mma_wg: int = 2
-    producer_regs: int = 24
-    mma_regs: int = 240
-    # Stage B: issue S_j = Q K_j^T and O += P_{j+1} V_{j+1} back to back (FA3 intra-WG overlap).
-    intra_wg_overlap: bool = False
-    # Inter-WG ping-pong through two named barriers (one WG's softmax under the other's GEMMs).
-    pingpong: bool = False
-    # Epilogue: stage O in the WG's own slice of sQ, then 16-byte vector stores per row.
-    smem_epilogue: bool = False
-    # Producer: page-table reads issued before producer_acquire (see Variant.page_prefetch).
-    page_prefetch: bool = False
-    # Grid of min(tiles, SMs) CTAs looping over work tiles (see Variant.persistent).
-    persistent: bool = False
-    snake: bool = False  # persistent walk alternates direction per round (Variant.snake)
+    @property
+    def mma_regs(self) -> int:
+        return 232 if self.page_prefetch else 240
 
     @property
     def num_threads(self) -> int:
         return 128 * (self.num_mma_wg + 1)
 
 
-SMEM_BYTES = 227 * 1024  # dynamic shared memory one SM90 CTA may use
+DEFAULT_CONFIG = KernelConfig()
+# Intra-WG overlap with ping-pong wins at page 128 (+5-7 % over base, H100, L2-sectioned
+# order) and loses 3-6 % at page 16, where the single producer thread's per-page TMA issue
+# (8 page-table reads + 16 boxes per K tile) cannot keep up with the turns (perf-notes.md).
+OVERLAP_PINGPONG = KernelConfig(overlap=True, pingpong=True)
+OVERLAP_PINGPONG_MIN_PAGE = 128
 
 
-def kernel_config(key: KernelKey, variant: Variant = DEFAULT_VARIANT) -> KernelConfig:
-    tile_m, tile_n = tile_shape(key.head_dim)
-    # smem: Q tile_m*D + (K+V) per stage 2*tile_n*D elements (16-bit); 2 stages fit every
-    # head dim, 3 fit head dims <= 128 (224 KB at 128).
-    smem = 2 * key.head_dim * (tile_m + 2 * tile_n * variant.kv_stages)
-    if variant.snake and not variant.persistent:
-        raise ValueError("vllm_fa4: kernel variant flag 'snake' needs 'persist'")
-    if smem > SMEM_BYTES - 1024:  # keep 1 KB for the mbarriers and alignment
-        raise ValueError(
-            f"vllm_fa4: {variant.kv_stages} K/V stages need {smem // 1024} KB of shared memory "
-            f"at head dim {key.head_dim} (limit {SMEM_BYTES // 1024} KB)"
-        )
-    return KernelConfig(
-        tile_m=tile_m,
-        tile_n=tile_n,
-        box_n=min(key.page_size, tile_n, variant.max_box_n),
-        kv_stages=variant.kv_stages,
-        intra_wg_overlap=variant.overlap,
-        pingpong=variant.pingpong,
-        smem_epilogue=variant.smem_epilogue,
-        page_prefetch=variant.page_prefetch,
-        persistent=variant.persistent,
-        snake=variant.snake,
-        # pagepf keeps a tile's page indices live across the acquire: at 24 registers the
-        # producer spills them (page 16), so it takes 16 from the consumers (they use < 190).
-        **({"producer_regs": 40, "mma_regs": 232} if variant.page_prefetch else {}),
-    )
+def default_config(key: KernelKey) -> KernelConfig:
+    """The config serving uses for ``key`` when VLLM_FA4_VARIANT does not name one."""
+    if key.page_size >= OVERLAP_PINGPONG_MIN_PAGE:
+        return OVERLAP_PINGPONG
+    return DEFAULT_CONFIG

@@ -1,7 +1,7 @@
 """Epilogue of the SM90 prefill kernel: normalize O, write O (and LSE) to the packed output.
 
-Tile row r holds (token first_token + r // qpk, head kv_head * qpk + r % qpk); rows past the
-request (or past the tile's tokens) are skipped.
+Tile row r holds token first_token + r // G and query head kv_head * G + r % G, where
+G = qhead_per_kvhead; rows past the request (or past the tile's tokens) are skipped.
 
 Two ways to write O:
   direct  - each thread stores its accumulator pairs (32-bit) straight to global memory.
@@ -18,11 +18,11 @@ from vllm_fa4.kernels.barriers import wg_sync
 from vllm_fa4.kernels.softmax import acc_rows_view, scale_rows, softmax_finish
 
 
-def _row_target(work, row, qpk: int):
+def _row_target(work, row, qhead_per_kvhead: int):
     """(request-local token offset in the tile, token index in the packed q/out, query head)."""
-    tok_local = row // qpk
+    tok_local = row // qhead_per_kvhead
     tok = work.q_start + work.first_token + tok_local
-    head = work.kv_head * qpk + row % qpk
+    head = work.kv_head * qhead_per_kvhead + row % qhead_per_kvhead
     return tok_local, tok, head
 
 
@@ -40,32 +40,32 @@ def write_output(
     tidx: Int32,
     wg: Int32,
     dtype: cutlass.Constexpr,
-    qpk: cutlass.Constexpr[int],
-    tpt: cutlass.Constexpr[int],
+    qhead_per_kvhead: cutlass.Constexpr[int],
+    tokens_per_tile: cutlass.Constexpr[int],
     has_lse: cutlass.Constexpr[bool],
     staged: cutlass.Constexpr[bool],
 ):
     num_rows = cute.size(row_max)
-    tile_m, hd = cute.size(sQ, mode=[0]), cute.size(sQ, mode=[1])
+    tile_m, head_dim = cute.size(sQ, mode=[0]), cute.size(sQ, mode=[1])
     inv_sum = cute.make_rmem_tensor(num_rows, Float32)
     lse = cute.make_rmem_tensor(num_rows, Float32)
     softmax_finish(row_max, row_sum, scale_log2, inv_sum, lse)
     scale_rows(acc_O, inv_sum)
     rO = cute.make_rmem_tensor_like(acc_O, dtype)
     rO.store(acc_O.load().to(dtype))
-    oC = acc_rows_view(thr_pv.partition_C(cute.make_identity_tensor((tile_m, hd))))
+    oC = acc_rows_view(thr_pv.partition_C(cute.make_identity_tensor((tile_m, head_dim))))
 
     if cutlass.const_expr(has_lse):
         for i in cutlass.range_constexpr(num_rows):
-            t, tok, head = _row_target(work, oC[i, 0][0], qpk)
-            if t < tpt and work.first_token + t < work.q_len and oC[0, 0][1] == 0:
+            t, tok, head = _row_target(work, oC[i, 0][0], qhead_per_kvhead)
+            if t < tokens_per_tile and work.first_token + t < work.q_len and oC[0, 0][1] == 0:
                 mLSE[head, tok] = lse[i]
 
     if cutlass.const_expr(not staged):
         oR = acc_rows_view(rO)
         for i in cutlass.range_constexpr(num_rows):
-            t, tok, head = _row_target(work, oC[i, 0][0], qpk)
-            if t < tpt and work.first_token + t < work.q_len:
+            t, tok, head = _row_target(work, oC[i, 0][0], qhead_per_kvhead)
+            if t < tokens_per_tile and work.first_token + t < work.q_len:
                 mOrow = mO[tok, head, None]
                 for j in cutlass.range_constexpr(cute.size(oR, mode=[1])):
                     mOrow[oC[0, j][1]] = oR[i, j]
@@ -74,20 +74,20 @@ def write_output(
         cute.autovec_copy(rO, thr_pv.partition_C(sQ))
         cute.arch.fence_view_async_shared()
         wg_sync(wg)
-        # sQ rows -> global, 16 bytes per thread per step, one row per hd/8 threads.
-        lanes_per_row = hd // 8
+        # sQ rows -> global, 16 bytes per thread per step, one row per head_dim/8 threads.
+        lanes_per_row = head_dim // 8
         vec_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=128)
         lanes = cute.make_ordered_layout((128 // lanes_per_row, lanes_per_row), order=(1, 0))
         row_copy = cute.make_tiled_copy_tv(vec_atom, lanes, cute.make_layout((1, 8)))
         thr_copy = row_copy.get_slice(tidx % 128)
-        sOw = cute.local_tile(sQ, (64, hd), (wg, 0))
+        sOw = cute.local_tile(sQ, (64, head_dim), (wg, 0))
         tSrc = thr_copy.partition_S(sOw)
-        tCrd = thr_copy.partition_S(cute.make_identity_tensor((64, hd)))
+        tCrd = thr_copy.partition_S(cute.make_identity_tensor((64, head_dim)))
         for m in cutlass.range_constexpr(cute.size(tSrc, mode=[1])):
             for k in cutlass.range_constexpr(cute.size(tSrc, mode=[2])):
                 coord = tCrd[0, m, k]
-                t, tok, head = _row_target(work, wg * 64 + coord[0], qpk)
-                if t < tpt and work.first_token + t < work.q_len:
+                t, tok, head = _row_target(work, wg * 64 + coord[0], qhead_per_kvhead)
+                if t < tokens_per_tile and work.first_token + t < work.q_len:
                     frag = cute.make_rmem_tensor_like(tSrc[None, m, k])
                     cute.copy(vec_atom, tSrc[None, m, k], frag)
                     dst = cute.local_tile(mO[tok, head, None], (8,), (coord[1] // 8,))

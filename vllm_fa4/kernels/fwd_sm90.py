@@ -10,7 +10,7 @@ that stride over the LPT-ordered tile list. 3 warpgroups:
        Epilogue: normalize, predicated direct stores of O and LSE.
 
 Compile-time variants (KernelConfig):
-  intra_wg_overlap  S_j = Q K_j^T and O += P_{j+1} V_{j+1} are issued back to back and the
+  overlap           S_j = Q K_j^T and O += P_{j+1} V_{j+1} are issued back to back and the
                     softmax of S_j runs while the P V GEMM is in flight.
   pingpong          the two consumer warpgroups take turns issuing GEMMs (barriers.py), so
                     one warpgroup's softmax runs under the other's GEMMs. Without
@@ -20,7 +20,7 @@ Compile-time variants (KernelConfig):
                     across them: the next tile's K/V loads overlap this tile's last blocks
                     and epilogue, and the CTA start-up cost is paid once per SM.
   snake             (with persistent) odd rounds of the stride walk run right to left, so
-                    each CTA's share of the cost-sorted list evens out (scheduler.py).
+                    each CTA's share of the cost-sorted list evens out (tile_scheduler.py).
 """
 
 from typing import Optional
@@ -35,7 +35,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
 
 from vllm_fa4.kernels.barriers import turn_pass, turn_wait, turns_begin, wg_sync
-from vllm_fa4.kernels.config import KernelConfig, KernelKey, tokens_per_tile
+from vllm_fa4.kernels.config import KernelConfig, KernelKey, tile_geometry
 from vllm_fa4.kernels.epilogue import write_output
 from vllm_fa4.kernels.mask import apply_causal_mask
 from vllm_fa4.kernels.paged_kv import (
@@ -46,7 +46,6 @@ from vllm_fa4.kernels.paged_kv import (
     pool_view,
     read_tile_pages,
 )
-from vllm_fa4.kernels.scheduler import decode_tile, snake_tile
 from vllm_fa4.kernels.softmax import (
     LOG2_E,
     acc_as_operand_a,
@@ -54,8 +53,9 @@ from vllm_fa4.kernels.softmax import (
     scale_rows,
     softmax_step,
 )
+from vllm_fa4.kernels.tile_scheduler import snake_tile, tile_work
 
-_DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
+CUTLASS_DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
 
 
 @cute.jit
@@ -84,19 +84,21 @@ class Sm90PagedPrefill:
         self.key = key
         self.cfg = cfg
         self.has_lse = has_lse
-        self.dtype = _DTYPES[key.dtype]
-        self.hd = key.head_dim
-        self.qpk = key.qhead_per_kvhead
-        self.tile_m = cfg.tile_m
-        self.tile_n = cfg.tile_n
-        self.tpt = tokens_per_tile(key.head_dim, key.qhead_per_kvhead)
-        self.box_n = cfg.box_n
+        self.dtype = CUTLASS_DTYPES[key.dtype]
+        self.head_dim = key.head_dim
+        self.qhead_per_kvhead = key.qhead_per_kvhead
+        geometry = tile_geometry(key)
+        self.tile_m = geometry.tile_m
+        self.tile_n = geometry.tile_n
+        self.tokens_per_tile = geometry.tokens_per_tile
+        self.box_n = cfg.box_n(key)
         self.page_size = key.page_size
-        self._geo = (self.tile_n, self.box_n, self.page_size)  # paged-tile geometry
+        # (tile_n, box_n, page_size): the trailing arguments of the paged_kv helpers
+        self.paged_tile_geometry = (self.tile_n, self.box_n, self.page_size)
         self.stages = cfg.kv_stages
         self.num_mma_threads = 128 * cfg.num_mma_wg
         assert self.tile_m == 64 * cfg.num_mma_wg
-        assert self.tile_n % self.box_n == 0 and self.hd % D_CHUNK == 0
+        assert self.tile_n % self.box_n == 0 and self.head_dim % D_CHUNK == 0
 
     # ---------------------------------------------------------------- host-side helpers
     def _smem_layout(self, rows: int, cols: int, stages: Optional[int] = None):
@@ -137,9 +139,9 @@ class Sm90PagedPrefill:
         num_ctas: Int32,  # persistent grid size, min(num_tiles, SMs); unused otherwise
         stream,
     ):
-        sQ_layout = self._smem_layout(self.tile_m, self.hd)
-        sK_layout = self._smem_layout(self.tile_n, self.hd, self.stages)
-        sV_layout = self._smem_layout(self.tile_n, self.hd, self.stages)
+        sQ_layout = self._smem_layout(self.tile_m, self.head_dim)
+        sK_layout = self._smem_layout(self.tile_n, self.head_dim, self.stages)
+        sV_layout = self._smem_layout(self.tile_n, self.head_dim, self.stages)
         box_layout = self._smem_layout(self.box_n, D_CHUNK)
         self.storage_cls = self._storage_cls(sQ_layout, sK_layout, sV_layout)
 
@@ -168,7 +170,7 @@ class Sm90PagedPrefill:
             cute.nvgpu.OperandMajorMode.MN,
             Float32,
             mma_layout,
-            (64, self.hd),
+            (64, self.head_dim),
             a_source=warpgroup.OperandSource.RMEM,
         )
         scale_log2 = softmax_scale * Float32(LOG2_E)
@@ -228,7 +230,7 @@ class Sm90PagedPrefill:
             cpasync.prefetch_descriptor(tma_atom_V)
 
         storage = cutlass_utils.SmemAllocator().allocate(self.storage_cls)
-        kv_bytes = self.tile_n * self.hd * (self.dtype.width // 8)
+        kv_bytes = self.tile_n * self.head_dim * (self.dtype.width // 8)
         one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         # consumer_release arrives once per warp (lane 0), so count warps.
         mma_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads // 32)
@@ -250,7 +252,7 @@ class Sm90PagedPrefill:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
-        tile_args = (mWorkTiles, mCuSeqlensQ, mSeqUsedK, self.tpt, self.tile_n)
+        tile_args = (mWorkTiles, mCuSeqlensQ, mSeqUsedK, self.tokens_per_tile, self.tile_n)
         first_tile = cute.arch.block_idx()[0]
         pipeline.pipeline_init_wait()
 
@@ -276,19 +278,19 @@ class Sm90PagedPrefill:
     def walk_tiles(self, role, role_args, state, tile_args, first_tile: Int32):
         """Run one role (produce or consume) over this CTA's tiles, carrying its pipeline
         state: the one tile `first_tile`, or with `persistent` a stride walk of the tile list
-        (`snake`: odd rounds reversed, scheduler.snake_tile)."""
+        (`snake`: odd rounds reversed, tile_scheduler.snake_tile)."""
         num_tiles = tile_args[0].shape[0]
         tile_stride = cute.arch.grid_dim()[0]
         if cutlass.const_expr(self.cfg.snake):
             for t0 in cutlass.range(0, num_tiles, tile_stride, unroll=1):
                 t = snake_tile(t0, first_tile, tile_stride)
                 if t < num_tiles:
-                    state = role(decode_tile(*tile_args, t), *role_args, state)
+                    state = role(tile_work(*tile_args, t), *role_args, state)
         elif cutlass.const_expr(self.cfg.persistent):
             for t in cutlass.range(first_tile, num_tiles, tile_stride, unroll=1):
-                state = role(decode_tile(*tile_args, t), *role_args, state)
+                state = role(tile_work(*tile_args, t), *role_args, state)
         else:
-            role(decode_tile(*tile_args, first_tile), *role_args, state)
+            role(tile_work(*tile_args, first_tile), *role_args, state)
 
     def _tile_pages(self, page_row, k_len, num_blocks, n_block):
         """With `page_prefetch`, read a tile's page-table entries now (before the stage is
@@ -296,7 +298,7 @@ class Sm90PagedPrefill:
         them after the acquire."""
         if not self.cfg.page_prefetch:
             return None
-        return read_tile_pages(page_row, k_len, num_blocks, n_block, *self._geo)
+        return read_tile_pages(page_row, k_len, num_blocks, n_block, *self.paged_tile_geometry)
 
     def _load_tile(self, src, state, page_row, k_len, num_blocks, n_block, pages):
         pipe, atom, tXs, tXg = src
@@ -304,10 +306,21 @@ class Sm90PagedPrefill:
         mbar = pipe.producer_get_barrier(state)
         if pages is None:
             load_paged_tile(
-                atom, tXs, tXg, page_row, k_len, num_blocks, n_block, state.index, mbar, *self._geo
+                atom,
+                tXs,
+                tXg,
+                page_row,
+                k_len,
+                num_blocks,
+                n_block,
+                state.index,
+                mbar,
+                *self.paged_tile_geometry,
             )
         else:
-            issue_paged_tile(atom, tXs, tXg, pages, n_block, state.index, mbar, *self._geo)
+            issue_paged_tile(
+                atom, tXs, tXg, pages, n_block, state.index, mbar, *self.paged_tile_geometry
+            )
 
     @cute.jit
     def produce(
@@ -334,7 +347,7 @@ class Sm90PagedPrefill:
         k_src = (pipe_k, tma_atom_K, tKs, tKg)
         v_src = (pipe_v, tma_atom_V, tVs, tVg)
         n_max = work.n_block_max
-        if cutlass.const_expr(not self.cfg.intra_wg_overlap):
+        if cutlass.const_expr(not self.cfg.overlap):
             for i in cutlass.range(n_max, unroll=1):
                 n_block = n_max - 1 - i
                 pages = self._tile_pages(*ctx, n_block)  # K and V of one block share the read
@@ -365,22 +378,22 @@ class Sm90PagedPrefill:
         (their S/O rows are garbage but never stored, and rows never mix)."""
         if cutlass.const_expr(self.cfg.persistent):
             wg_sync(wg)  # the WG's last reads of sQ (GEMMs, staged epilogue) are done
-        tpr = self.hd // 8  # threads per row, 16 B each
+        lanes_per_row = self.head_dim // 8  # 16 B each
         atom = cute.make_copy_atom(cpasync.CopyG2SOp(), self.dtype, num_bits_per_copy=128)
-        thr_layout = cute.make_ordered_layout((128 // tpr, tpr), order=(1, 0))
+        thr_layout = cute.make_ordered_layout((128 // lanes_per_row, lanes_per_row), order=(1, 0))
         tiled_copy = cute.make_tiled_copy_tv(atom, thr_layout, cute.make_layout((1, 8)))
         thr_copy = tiled_copy.get_slice(tidx % 128)
-        sQw = cute.local_tile(sQ, (64, self.hd), (wg, 0))
+        sQw = cute.local_tile(sQ, (64, self.head_dim), (wg, 0))
         tQs = thr_copy.partition_D(sQw)
-        tQc = thr_copy.partition_S(cute.make_identity_tensor((64, self.hd)))
+        tQc = thr_copy.partition_S(cute.make_identity_tensor((64, self.head_dim)))
         for m in cutlass.range_constexpr(cute.size(tQs, mode=[1])):
             for k in cutlass.range_constexpr(cute.size(tQs, mode=[2])):
                 coord = tQc[0, m, k]
                 row = wg * 64 + coord[0]
-                tok_local = row // self.qpk
-                if tok_local < self.tpt and work.first_token + tok_local < work.q_len:
+                tok_local = row // self.qhead_per_kvhead
+                if tok_local < self.tokens_per_tile and work.first_token + tok_local < work.q_len:
                     tok = work.q_start + work.first_token + tok_local
-                    head = work.kv_head * self.qpk + row % self.qpk
+                    head = work.kv_head * self.qhead_per_kvhead + row % self.qhead_per_kvhead
                     src = cute.local_tile(mQ[tok, head, None], (8,), (coord[1] // 8,))
                     cute.copy(atom, src, tQs[None, m, k])
         cute.arch.cp_async_commit_group()
@@ -393,7 +406,7 @@ class Sm90PagedPrefill:
         """Zero rows [first_row, tile_n) of a V stage: the last page's unused slots may hold
         NaN and P = 0 does not cancel NaN in P V. Both WGs write the same zeros (benign)."""
         vec = 8
-        per_row = self.hd // vec
+        per_row = self.head_dim // vec
         total = (self.tile_n - first_row) * per_row
         sVs = sV[None, None, stage]
         for idx in cutlass.range(tidx % 128, total, 128, unroll=1):
@@ -410,7 +423,9 @@ class Sm90PagedPrefill:
     ):
         """Online softmax of a block after the first: the causal mask only on diagonal blocks."""
         if n_block >= work.n_block_mask:
-            apply_causal_mask(acc_S, tScS, n_block, work.first_token, diag, self.qpk, self.tile_n)
+            apply_causal_mask(
+                acc_S, tScS, n_block, work.first_token, diag, self.qhead_per_kvhead, self.tile_n
+            )
         softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False)
 
     @cute.jit
@@ -442,11 +457,13 @@ class Sm90PagedPrefill:
         tSrK = wg_qk.make_fragment_B(wg_qk.partition_B(sK))
         # V^T as an (D, tile_n, stage) view of the row-major V tile: MN-major B operand.
         sVt = cute.composition(
-            sV, cute.make_ordered_layout((self.hd, self.tile_n, self.stages), order=(1, 0, 2))
+            sV, cute.make_ordered_layout((self.head_dim, self.tile_n, self.stages), order=(1, 0, 2))
         )
         tOrVt = wg_pv.make_fragment_B(wg_pv.partition_B(sVt))
         tOrP = wg_pv.make_fragment_A(wg_pv.partition_shape_A((self.tile_m, self.tile_n)))
-        acc_O = cute.make_rmem_tensor(wg_pv.partition_shape_C((self.tile_m, self.hd)), Float32)
+        acc_O = cute.make_rmem_tensor(
+            wg_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32
+        )
         acc_shape_S = wg_qk.partition_shape_C((self.tile_m, self.tile_n))
         tScS = thr_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
         num_rows = cute.size(acc_rows_view(acc_O), mode=[0])
@@ -473,14 +490,16 @@ class Sm90PagedPrefill:
             turn_pass(pp, wg)
             warpgroup.wait_group(0)
             pipe_k.consumer_release(state)
-            apply_causal_mask(acc_S, tScS, n_block, work.first_token, diag, self.qpk, self.tile_n)
+            apply_causal_mask(
+                acc_S, tScS, n_block, work.first_token, diag, self.qhead_per_kvhead, self.tile_n
+            )
             softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, True)
             tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
             pipe_v.consumer_wait(state)
             valid_rows = work.k_len - n_block * self.tile_n
             if valid_rows < self.tile_n:
                 self.zero_v_tail(sV, state.index, valid_rows, tidx, wg)
-            if cutlass.const_expr(not self.cfg.intra_wg_overlap and not pp):
+            if cutlass.const_expr(not self.cfg.overlap and not pp):
                 _wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False, 0)
                 pipe_v.consumer_release(state)
                 state.advance()
@@ -501,7 +520,7 @@ class Sm90PagedPrefill:
                     )
                     pipe_v.consumer_release(state)
                     state.advance()
-            elif cutlass.const_expr(not self.cfg.intra_wg_overlap):
+            elif cutlass.const_expr(not self.cfg.overlap):
                 # Ping-pong without intra-WG overlap: one turn = {P_{j+1} V_{j+1}, S_j}; the
                 # softmax of S_j then runs while the other warpgroup issues its turn.
                 state_v = state.clone()
@@ -553,7 +572,7 @@ class Sm90PagedPrefill:
                     state.advance()
                     state_v.advance()
                     pipe_v.consumer_wait(state_v)
-            if cutlass.const_expr(self.cfg.intra_wg_overlap or pp):
+            if cutlass.const_expr(self.cfg.overlap or pp):
                 # The last block's P V, left in flight by both overlapped loops.
                 turn_wait(pp, wg)
                 _wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state_v.index], False, -1)
@@ -574,8 +593,8 @@ class Sm90PagedPrefill:
             tidx,
             wg,
             self.dtype,
-            self.qpk,
-            self.tpt,
+            self.qhead_per_kvhead,
+            self.tokens_per_tile,
             self.has_lse,
             self.cfg.smem_epilogue,
         )

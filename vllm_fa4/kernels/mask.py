@@ -14,7 +14,7 @@ def apply_causal_mask(
     n_block: Int32,
     first_token: Int32,  # request-local token of tile row 0
     diag_offset: Int32,  # k_len - q_len
-    qpk: cutlass.Constexpr[int],
+    qhead_per_kvhead: cutlass.Constexpr[int],
     tile_n: cutlass.Constexpr[int],
 ):
     """Keys past each row's causal limit become -inf by *select* (K may hold NaN there)."""
@@ -24,6 +24,6 @@ def apply_causal_mask(
     for i in cutlass.range_constexpr(cute.size(sS, mode=[0])):
         row = cS[i, 0][0]
         # Last visible key of this row, relative to this block's first column.
-        limit = diag_offset + first_token + row // qpk - col_base
+        limit = diag_offset + first_token + row // qhead_per_kvhead - col_base
         for j in cutlass.range_constexpr(cute.size(sS, mode=[1])):
             sS[i, j] = -Float32.inf if cS[0, j][1] > limit else sS[i, j]

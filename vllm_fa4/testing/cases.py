@@ -15,6 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
+from vllm_fa4.kernels.config import KernelConfig, KernelKey
+from vllm_fa4.paged_prefill import PrefillPlan, paged_attention_reference, plan_prefill
+
 TABLE_SLACK = 3  # extra block-table columns beyond the longest request (entries = null block 0)
 
 
@@ -62,8 +65,6 @@ class PagedCase:
 
     def reference(self, q: torch.Tensor | None = None, **kwargs):
         """``paged_attention_reference`` on this case (``q`` overrides the case's queries)."""
-        from vllm_fa4.testing.reference import paged_attention_reference
-
         return paged_attention_reference(
             self.q if q is None else q,
             self.k_cache,
@@ -75,22 +76,25 @@ class PagedCase:
             **kwargs,
         )
 
-    def plan(self):
-        """``plan_prefill`` for this case (what the metadata builder would produce)."""
-        from vllm_fa4.paged_prefill import plan_prefill
+    @property
+    def key(self) -> KernelKey:
+        return KernelKey.for_layer(
+            self.dtype, self.head_dim, self.page_size, self.num_q_heads, self.num_kv_heads
+        )
 
+    def plan(self, config: KernelConfig | None = None, **options) -> PrefillPlan:
+        """``plan_prefill`` for this case (what the metadata builder would produce; config
+        None: the key's default); ``options`` go to plan_prefill (e.g. ``l2_section_bytes``)."""
         return plan_prefill(
             self.query_start_loc_cpu,
             self.seq_lens_cpu,
+            key=self.key,
+            config=config,
+            num_kv_heads=self.num_kv_heads,
             cu_seqlens_q=self.cu_seqlens_q,
             seqused_k=self.seqused_k,
             page_table=self.page_table,
-            num_q_heads=self.num_q_heads,
-            num_kv_heads=self.num_kv_heads,
-            head_dim=self.head_dim,
-            page_size=self.page_size,
-            dtype=self.dtype,
-            device=self.q.device,
+            **options,
         )
 
     def new_out(self, poison: bool = True) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""Work-tile decode: a row of ``work_tiles`` (batch, kv_head, m_block, cost) -> TileWork."""
+"""Which tile a CTA works on: a row of ``work_tiles`` (batch, kv_head, m_block, cost) read into a
+``TileWork``, and the order a persistent CTA walks the rows in."""
 
 from dataclasses import dataclass
 
@@ -23,7 +24,7 @@ class TileWork:
 
 
 @cute.jit
-def decode_tile(
+def tile_work(
     mWorkTiles: cute.Tensor,
     mCuSeqlensQ: cute.Tensor,
     mSeqUsedK: cute.Tensor,

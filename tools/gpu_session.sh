@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine session in one command (the lent H100/H200 has no network; its packages come
 # from the gpu-kit unpacked under /tmp/site). Steps: see the case list at the bottom.
-#   OUT=/path/for/logs bash scripts/gpu_check.sh env tests bench serve
+#   OUT=/path/for/logs bash tools/gpu_session.sh env tests bench serve
 # Every step has its own time limit and log under $OUT; a failing step doesn't stop the others.
 # `pack` tars $OUT into $PACK (the device tool returns at most 8 files per call).
 # Multi-GPU runs: NVLink multicast is off on the lent machines, so vLLM's fused FlashInfer
@@ -67,7 +67,7 @@ for s in "$@"; do
     tests) step gpu-tests 420 $PY -m pytest tests/gpu -x -q -p no:cacheprovider ;;
     kernel) step kernel-tests 420 $PY -m pytest tests/gpu/test_kernel.py -x -q -p no:cacheprovider ;;
     backend) step backend-tests 300 $PY -m pytest tests/gpu/test_backend_gpu.py -x -q ;;
-    bench) step bench-quick 300 $PY tests/gpu/bench_kernel_quick.py ;;
+    bench) step bench-quick 300 $PY benchmarks/variants_ab.py ;;
     overhead) step launch-overhead 300 $PY benchmarks/launch_overhead.py ;;
     sweep) TAIL=80 step kernel-sweep 560 $PY benchmarks/kernels.py --out $OUT/sweep ${SWEEP_ARGS:-} ;;
     sweep8b) TAIL=40 step kernel-sweep-8b 420 $PY benchmarks/kernels.py --models llama-3.1-8b \
@@ -75,7 +75,7 @@ for s in "$@"; do
     sweepother) TAIL=40 step kernel-sweep-other 420 $PY benchmarks/kernels.py --block-sizes 16 \
       --models llama-3.2-1b,llama-3.1-70b-tp4,llama-3.1-70b-tp8 --cases all --out $OUT/kother ;;
     variants) step variant-tests 300 variant_tests
-      step variant-bench 200 $PY tests/gpu/bench_kernel_quick.py --pages 16,128 \
+      step variant-bench 200 $PY benchmarks/variants_ab.py --pages 16,128 \
         --variants "'${VARIANTS_AB:-base pagepf stages3 pingpong+pagepf}'" ;;
     servebench) TAIL=60 step serve-bench 590 $PY benchmarks/serving.py serve --merge \
       --out "${SERVE_OUT:-/tmp/serving}" ${SERVE_ARGS:-} ;;
@@ -83,8 +83,17 @@ for s in "$@"; do
       VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm VLLM_ALLREDUCE_USE_SYMM_MEM=0 \
       step serve-tp2 590 $PY benchmarks/serving.py serve -tp 2 --out $OUT/tp2 \
       "'--extra-args=-cc.pass_config.fuse_allreduce_rms=false'" ${SERVE_ARGS:-} ;;
+    ab) TAIL=80 step ab "${AB_LIMIT:-400}" $PY benchmarks/variants_ab.py --rounds "${AB_ROUNDS:-3}" \
+      --pages "${AB_PAGES:-16,128}" --cases "'${AB_CASES:-4kx4,8kx2,16kx1,2k@4k x8,2k@64k}'" \
+      --variants "'${VARIANTS_AB:-base}'" ;;
+    ncu) TAIL=200 step ncu 400 ncu --clock-control none --profile-from-start off \
+      -k "'regex:${NCU_KERNELS:-Sm90PagedPrefill|device_kernel}'" --section SpeedOfLight \
+      --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+      --metrics dram__bytes_read.sum,lts__t_sector_hit_rate.pct \
+      $PY benchmarks/profile_case.py --case "'${NCU_CASE:-8kx2}'" --page "${NCU_PAGE:-128}" \
+      --contenders "'${VARIANTS_AB:-base}'" ;;
     pack) tar -C "$OUT" -czf "${PACK:?}" . && ls -la "$PACK" ;;
-    smollm2) TAIL=60 step smollm2 560 $PY benchmarks/smollm2.py --out $OUT/smollm2 ;;
+    smollm2) TAIL=60 step smollm2 560 $PY tests/e2e/smollm2_accuracy.py --out $OUT/smollm2 ;;
     serve) TAIL=60 step serve 420 serve_check ;;
     throughput) step throughput 420 throughput_check ;;
     *) echo "unknown step $s" ;;

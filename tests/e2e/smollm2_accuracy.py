@@ -9,8 +9,12 @@ max_num_batched_tokens 2048 so the long prompts go through chunked prefill): gre
 generations for 6 prompts x 64 tokens, and prompt logprobs on two long texts. FA4 and
 FLASHINFER are each compared with FLASH_ATTN.
 
-    python3 benchmarks/smollm2.py                       # convert (once), run, compare
-    python3 benchmarks/smollm2.py --dry-run             # show the GGUF, prompts and commands
+    python3 tests/e2e/smollm2_accuracy.py               # convert (once), run, compare
+    python3 tests/e2e/smollm2_accuracy.py --dry-run     # show the GGUF, prompts and commands
+
+As a test (tests/e2e/test_smollm2.py, markers `gpu` and `slow`, asserts on smollm2.json):
+
+    VLLM_FA4_RUN_SLOW=1 python3 -m pytest tests/e2e
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))  # the benchmark tools' shared helpers
 
 from _common import (  # noqa: E402
     gpu_description,

@@ -1,0 +1,83 @@
+"""One case, each contender launched once inside a profiler window, for Nsight Compute.
+
+    ncu --clock-control none --profile-from-start off -k regex:"Sm90PagedPrefill|FlashAttnFwd" \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+        python benchmarks/profile_case.py --case 8kx2 --page 128 --contenders "base base@l2=32"
+
+Contenders as in variants_ab.py (config spec, optional ``@l2=MiB``); FA3 (vLLM's build) is
+always launched last on the same inputs. Every contender is warmed up (compiled) first, and
+the outputs are checked against each other, so a profile never shows a broken kernel.
+"""
+
+import argparse
+
+import torch
+from variants_ab import CASES, DT, HD, HKV, HQ, parse_contender
+from vllm.vllm_flash_attn import flash_attn_varlen_func
+
+from vllm_fa4.kernels.compile import prefill_forward
+from vllm_fa4.testing.cases import make_paged_case
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--case", default="8kx2", choices=list(CASES))
+    ap.add_argument("--page", type=int, default=128)
+    ap.add_argument("--contenders", default="base")
+    args = ap.parse_args()
+    case = make_paged_case(CASES[args.case][1], HQ, HKV, HD, args.page, DT, "cuda", seed=0)
+    fns = {}
+    for text in args.contenders.split():
+        config, options = parse_contender(text)
+        plan = case.plan(config, **options)
+        out = case.new_out()
+        fns[text] = (
+            lambda plan=plan, out=out: prefill_forward(
+                plan.key,
+                plan.config,
+                case.q,
+                case.k_cache,
+                case.v_cache,
+                out,
+                None,
+                plan.args,
+                case.softmax_scale,
+            ),
+            out,
+        )
+    fa3_out = case.new_out()
+
+    def fa3():
+        flash_attn_varlen_func(
+            case.q,
+            case.k_cache,
+            case.v_cache,
+            max_seqlen_q=case.max_seqlen_q,
+            cu_seqlens_q=case.cu_seqlens_q,
+            max_seqlen_k=case.max_seqlen_k,
+            seqused_k=case.seqused_k,
+            softmax_scale=case.softmax_scale,
+            causal=True,
+            block_table=case.page_table,
+            fa_version=3,
+            out=fa3_out,
+        )
+
+    fns["FA3"] = (fa3, fa3_out)
+    for fn, _ in fns.values():  # compile / warm up outside the window
+        fn()
+    torch.cuda.synchronize()
+    for name, (_, out) in fns.items():
+        err = (out.float() - fa3_out.float()).abs().max().item()
+        print(f"{name}: max |out - FA3| = {err:.3g}")
+        assert err < 0.05, name
+    torch.cuda.cudart().cudaProfilerStart()
+    for fn, _ in fns.values():
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    print("profiled:", " ".join(fns))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""Every environment variable vllm-fa4 reads, read here and nowhere else in the package.
+
+VLLM_FA4_VARIANT        kernel config spec (``KernelConfig.parse``), read by the metadata
+                        builder at startup; unset: each key's ``default_config``
+VLLM_FA4_PREFILL_ROUTE  ``auto`` / ``kernel`` / ``reference`` (``paged_prefill.route``)
+VLLM_FA4_CACHE_DIR      compiled-kernel disk cache (``kernels.cache``; default
+                        ``~/.cache/vllm_fa4/kernels``)
+VLLM_FA4_TEST_VARIANTS  config specs, or ``all``, that GPU tests and variant benchmarks sweep
+                        (``testing.variants``)
+
+Each function reads the environment when called, so a test can set a variable and call again.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from vllm_fa4.kernels.config import KernelConfig
+
+VARIANT = "VLLM_FA4_VARIANT"
+PREFILL_ROUTE = "VLLM_FA4_PREFILL_ROUTE"
+CACHE_DIR = "VLLM_FA4_CACHE_DIR"
+TEST_VARIANTS = "VLLM_FA4_TEST_VARIANTS"
+PREFILL_ROUTES = ("auto", "kernel", "reference")
+
+
+def kernel_config() -> KernelConfig | None:
+    """The kernel config named by the environment, or None (each key's default config); a
+    spec that does not parse is a startup error."""
+    spec = os.environ.get(VARIANT, "").strip()
+    if not spec:
+        return None
+    try:
+        return KernelConfig.parse(spec)
+    except ValueError as e:
+        raise ValueError(f"{VARIANT}={spec!r}: {e}") from None
+
+
+def prefill_route() -> str:
+    route = os.environ.get(PREFILL_ROUTE, "auto").strip().lower() or "auto"
+    if route not in PREFILL_ROUTES:
+        raise ValueError(f"{PREFILL_ROUTE}={route!r}: expected one of {', '.join(PREFILL_ROUTES)}")
+    return route
+
+
+def kernel_cache_dir() -> Path:
+    root = os.environ.get(CACHE_DIR)
+    return Path(root) if root else Path.home() / ".cache" / "vllm_fa4" / "kernels"
+
+
+def sweep_variants_spec() -> str | None:
+    return os.environ.get(TEST_VARIANTS)
+
+
+def default_cute_dsl_arch() -> None:
+    """Compile for Hopper unless the caller chose another target (must run before cutlass
+    is imported; also what lets a CPU machine compile the kernel)."""
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")

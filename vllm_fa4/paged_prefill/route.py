@@ -1,0 +1,103 @@
+"""Which route runs a plan: the compiled kernel or the fp32 PyTorch reference.
+
+Decided in ONE place, ``select_route``, once per (key, config, device, env); the choice is
+logged on logger ``vllm_fa4``. Env ``VLLM_FA4_PREFILL_ROUTE`` (read through ``vllm_fa4.envs``):
+``auto`` (default) / ``kernel`` (raise if no kernel) / ``reference`` (slow PyTorch reference;
+a WARNING when a kernel exists for the key).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from vllm_fa4 import envs
+from vllm_fa4.kernels.config import KernelConfig, KernelKey
+
+logger = logging.getLogger("vllm_fa4")
+
+_route_cache: dict[tuple, str] = {}
+
+
+def device_unsupported_reason(device: torch.device | str | None = None) -> str | None:
+    """None on an SM90 (Hopper) CUDA device (default: the current one), else why the kernel
+    cannot run there."""
+    if device is None:
+        if not torch.cuda.is_available():
+            return "no CUDA GPU"
+        device = "cuda"
+    device = torch.device(device)
+    if device.type != "cuda":
+        return f"device {device} is not a CUDA GPU"
+    major, minor = torch.cuda.get_device_capability(device)
+    if major != 9:
+        return f"compute capability {major}.{minor} is not SM90 (Hopper)"
+    return None
+
+
+def kernel_unavailable_reason(
+    key: KernelKey, config: KernelConfig, device: torch.device | str
+) -> str | None:
+    """None when a compiled kernel can serve ``key`` with ``config`` on ``device``, else why not."""
+    why = device_unsupported_reason(device)
+    if why is not None:
+        return why
+    why = key.unsupported_reason() or config.unsupported_reason(key)
+    return None if why is None else f"no kernel for {why}"
+
+
+def select_route(key: KernelKey, config: KernelConfig, device: torch.device | str) -> str:
+    """``"kernel"`` or ``"reference"`` for ``key`` on ``device``; logs once per choice.
+
+    Raises:
+        ValueError: unknown ``VLLM_FA4_PREFILL_ROUTE`` value.
+        RuntimeError: ``VLLM_FA4_PREFILL_ROUTE=kernel`` but no kernel is available.
+    """
+    device = torch.device(device)
+    env = envs.prefill_route()
+    cache_key = (key, config, device, env)
+    route = _route_cache.get(cache_key)
+    if route is not None:
+        return route
+    why = kernel_unavailable_reason(key, config, device)
+    name = envs.PREFILL_ROUTE
+    if env == "kernel":
+        if why is not None:
+            raise RuntimeError(
+                f"{name}=kernel but no FA4 prefill kernel is available for {key} on {device}: {why}"
+            )
+        route = "kernel"
+        logger.info("FA4 prefill: %s on %s -> kernel (forced by %s=kernel)", key, device, name)
+    elif env == "reference":
+        route = "reference"
+        if why is None:
+            logger.warning(
+                "FA4 prefill: %s on %s -> PyTorch reference although a compiled kernel "
+                "exists, because %s=reference (slow; for debugging only)",
+                key,
+                device,
+                name,
+            )
+        else:
+            logger.info(
+                "FA4 prefill: %s on %s -> reference (forced by %s; kernel unavailable: %s)",
+                key,
+                device,
+                name,
+                why,
+            )
+    elif why is None:
+        route = "kernel"
+        logger.info("FA4 prefill: %s on %s -> kernel", key, device)
+    else:
+        route = "reference"
+        log = logger.warning if device.type == "cuda" else logger.info
+        log("FA4 prefill: %s on %s -> PyTorch reference (slow): %s", key, device, why)
+    _route_cache[cache_key] = route
+    return route
+
+
+def clear_route_cache() -> None:
+    """For tests: forget logged route decisions."""
+    _route_cache.clear()

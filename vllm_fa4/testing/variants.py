@@ -1,0 +1,59 @@
+"""The kernel configs that GPU tests and variant benchmarks sweep (not used in serving).
+
+``VLLM_FA4_TEST_VARIANTS``: ``all`` (every config below), or specs separated by spaces or
+``;`` (``default``: each key's default config); unset means the process's config
+(``VLLM_FA4_VARIANT``), which when unset too is each key's default. A config None stands for
+"each key's default" (``kernels.config.default_config``).
+"""
+
+from __future__ import annotations
+
+import re
+
+from vllm_fa4 import envs
+from vllm_fa4.kernels.config import KernelConfig
+
+ALL_CONFIGS = tuple(
+    KernelConfig.parse(s)
+    for s in (
+        "base",
+        "pingpong",
+        "overlap",
+        "overlap+pingpong",
+        "smem_epilogue",
+        "overlap+pingpong+smem_epilogue",
+        "pingpong+smem_epilogue",
+        "pingpong+max_box_n=64",
+        "page_prefetch",
+        "pingpong+page_prefetch",
+        "pingpong+kv_stages=3",
+        "overlap+pingpong+page_prefetch+kv_stages=3",
+        "persistent",
+        "smem_epilogue+persistent",
+        "overlap+pingpong+persistent",
+        "persistent+snake",
+        "smem_epilogue+persistent+snake",
+    )
+)
+
+
+def parse_configs(spec: str | None) -> tuple[KernelConfig | None, ...]:
+    """``all`` | specs separated by spaces or ';' | None: the process's config."""
+    if not spec:
+        return (envs.kernel_config(),)
+    if spec.strip() == "all":
+        return ALL_CONFIGS
+    return tuple(
+        None if s == "default" else KernelConfig.parse(s)
+        for s in re.split(r"[;\s]+", spec.strip())
+        if s
+    )
+
+
+def config_id(config: KernelConfig | None) -> str:
+    return "default" if config is None else config.spec
+
+
+def sweep_configs() -> tuple[KernelConfig | None, ...]:
+    """The configs named by ``VLLM_FA4_TEST_VARIANTS``."""
+    return parse_configs(envs.sweep_variants_spec())
