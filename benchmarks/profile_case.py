@@ -12,10 +12,8 @@ the outputs are checked against each other, so a profile never shows a broken ke
 import argparse
 
 import torch
-from variants_ab import CASES, DT, HD, HKV, HQ, parse_contender
-from vllm.vllm_flash_attn import flash_attn_varlen_func
+from variants_ab import CASES, DT, HD, HKV, HQ, fa3_call, ours_call, parse_contender
 
-from vllm_fa4.kernels.compile import prefill_forward
 from vllm_fa4.testing.cases import make_paged_case
 
 
@@ -29,41 +27,10 @@ def main():
     fns = {}
     for text in args.contenders.split():
         config, options = parse_contender(text)
-        plan = case.plan(config, **options)
         out = case.new_out()
-        fns[text] = (
-            lambda plan=plan, out=out: prefill_forward(
-                plan.key,
-                plan.config,
-                case.q,
-                case.k_cache,
-                case.v_cache,
-                out,
-                None,
-                plan.args,
-                case.softmax_scale,
-            ),
-            out,
-        )
+        fns[text] = (ours_call(case, case.plan(config, **options), out), out)
     fa3_out = case.new_out()
-
-    def fa3():
-        flash_attn_varlen_func(
-            case.q,
-            case.k_cache,
-            case.v_cache,
-            max_seqlen_q=case.max_seqlen_q,
-            cu_seqlens_q=case.cu_seqlens_q,
-            max_seqlen_k=case.max_seqlen_k,
-            seqused_k=case.seqused_k,
-            softmax_scale=case.softmax_scale,
-            causal=True,
-            block_table=case.page_table,
-            fa_version=3,
-            out=fa3_out,
-        )
-
-    fns["FA3"] = (fa3, fa3_out)
+    fns["FA3"] = (fa3_call(case, fa3_out), fa3_out)
     for fn, _ in fns.values():  # compile / warm up outside the window
         fn()
     torch.cuda.synchronize()

@@ -56,9 +56,45 @@ def parse_contender(text: str) -> tuple[KernelConfig | None, dict]:
     return (None if spec == "default" else KernelConfig.parse(spec)), options
 
 
+def fa3_call(case, out=None):
+    """vLLM's FA3 on a testing.cases PagedCase (the baseline of every ratio)."""
+
+    def fn():
+        flash_attn_varlen_func(
+            case.q,
+            case.k_cache,
+            case.v_cache,
+            max_seqlen_q=case.max_seqlen_q,
+            cu_seqlens_q=case.cu_seqlens_q,
+            max_seqlen_k=case.max_seqlen_k,
+            seqused_k=case.seqused_k,
+            softmax_scale=case.softmax_scale,
+            causal=True,
+            block_table=case.page_table,
+            fa_version=3,
+            out=out,
+        )
+
+    return fn
+
+
+def ours_call(case, plan, out):
+    """Our kernel on the same case, launched directly (no route or validation)."""
+    return lambda: prefill_forward(
+        plan.key,
+        plan.config,
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        out,
+        None,
+        plan.args,
+        case.softmax_scale,
+    )
+
+
 def run(name, specs, page, contenders, rounds=1):
     case = make_paged_case(specs, HQ, HKV, HD, page, DT, "cuda", seed=0)
-    q, k_cache, v_cache, scale = case.q, case.k_cache, case.v_cache, case.softmax_scale
     out = case.new_out()
     plans = {}
     for text in contenders:
@@ -66,26 +102,9 @@ def run(name, specs, page, contenders, rounds=1):
         plans[text] = case.plan(config, **options)
     flops = sum(4 * HQ * HD * sum(k - q_len + j + 1 for j in range(q_len)) for q_len, k in specs)
 
-    def fa3():
-        flash_attn_varlen_func(
-            q,
-            k_cache,
-            v_cache,
-            max_seqlen_q=case.max_seqlen_q,
-            cu_seqlens_q=case.cu_seqlens_q,
-            max_seqlen_k=case.max_seqlen_k,
-            seqused_k=case.seqused_k,
-            softmax_scale=scale,
-            causal=True,
-            block_table=case.page_table,
-            fa_version=3,
-        )
-
-    fns = {"FA3": fa3}
+    fns = {"FA3": fa3_call(case)}
     for spec, p in plans.items():
-        fns[spec] = lambda p=p: prefill_forward(
-            p.key, p.config, q, k_cache, v_cache, out, None, p.args, scale
-        )
+        fns[spec] = ours_call(case, p, out)
     # Interleave: every round times each contender once, in a rotated order, so clock or power
     # drift over the run hits all of them alike; report the median round.
     names = list(fns)

@@ -86,21 +86,20 @@ def fingerprint(case, out_dir: Path, sass: bool) -> dict[str, str]:
     dump = os.environ["CUTE_DSL_DUMP_DIR"]
     shutil.rmtree(dump, ignore_errors=True)
     os.makedirs(dump)
-    if True:
-        _compile(key, spec, has_lse)
-        hashes = {}
-        ptx = sorted(Path(dump).rglob("*.ptx"))
-        if len(ptx) != 1:
-            raise RuntimeError(f"{name}: expected one PTX file, found {len(ptx)}")
-        text = normalize_ptx(ptx[0].read_text())
-        (out_dir / f"{name}.ptx").write_text(text)
-        hashes["ptx"] = hashlib.sha256(text.encode()).hexdigest()
-        cubins = sorted(Path(dump).rglob("*.cubin"))
-        if sass and cubins:
-            text = _sass(cubins[0])
-            if text is not None:
-                (out_dir / f"{name}.sass").write_text(text)
-                hashes["sass"] = hashlib.sha256(text.encode()).hexdigest()
+    _compile(key, spec, has_lse)
+    hashes = {}
+    ptx = sorted(Path(dump).rglob("*.ptx"))
+    if len(ptx) != 1:
+        raise RuntimeError(f"{name}: expected one PTX file, found {len(ptx)}")
+    text = normalize_ptx(ptx[0].read_text())
+    (out_dir / f"{name}.ptx").write_text(text)
+    hashes["ptx"] = hashlib.sha256(text.encode()).hexdigest()
+    cubins = sorted(Path(dump).rglob("*.cubin"))
+    if sass and cubins:
+        text = _sass(cubins[0])
+        if text is not None:
+            (out_dir / f"{name}.sass").write_text(text)
+            hashes["sass"] = hashlib.sha256(text.encode()).hexdigest()
     return {f"{name} {kind}": h for kind, h in hashes.items()}
 
 
