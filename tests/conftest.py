@@ -1,8 +1,37 @@
-"""Test-suite switches: `gpu` tests need an SM90 GPU, `slow` ones run only when asked."""
+"""Test-suite switches: `gpu` tests need an SM90 GPU, `slow` ones run only when asked.
+
+VLLM_FA4_TEST_INSTALLED=1 (set by .ci/run): the suite tests an installed wheel, so a
+``vllm_fa4`` imported from this checkout is an error; the package's location is printed.
+"""
 
 import os
+from pathlib import Path
 
 import pytest
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def pytest_report_header(config):
+    import vllm_fa4
+
+    return f"vllm_fa4 {vllm_fa4.__version__}: {vllm_fa4.__file__}"
+
+
+def pytest_sessionstart(session):
+    if os.environ.get("VLLM_FA4_TEST_INSTALLED") != "1":
+        return
+    import vllm_fa4
+
+    where = Path(vllm_fa4.__file__).resolve()
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:  # shown with -q too
+        reporter.write_line(f"vllm_fa4 under test: {where}")
+    if where.parent == CHECKOUT / "vllm_fa4":  # (a venv inside the checkout is fine)
+        raise pytest.UsageError(
+            f"VLLM_FA4_TEST_INSTALLED=1 but vllm_fa4 was imported from the checkout ({where}), "
+            "not from the installed wheel"
+        )
 
 
 def _has_sm90() -> bool:

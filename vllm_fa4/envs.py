@@ -1,12 +1,16 @@
 """Every environment variable vllm-fa4 reads, read here and nowhere else in the package.
 
 VLLM_FA4_VARIANT        kernel config spec (``KernelConfig.parse``), read by the metadata
-                        builder at startup; unset: each key's ``default_config``
+                        builder at startup; unset: each key's ``serving_configs``
 VLLM_FA4_PREFILL_ROUTE  ``auto`` / ``kernel`` / ``reference`` (``paged_prefill.route``)
 VLLM_FA4_CACHE_DIR      compiled-kernel disk cache (``kernels.cache``; default
                         ``~/.cache/vllm_fa4/kernels``)
 VLLM_FA4_TEST_VARIANTS  config specs, or ``all``, that GPU tests and variant benchmarks sweep
                         (``testing.variants``)
+VLLM_FA4_FUZZ_COUNT     batches per kernel config in the fuzz suite (``tests/gpu/test_fuzz.py``,
+                        ``testing.fuzz``); default 300
+VLLM_FA4_FUZZ_SEED      base seed of the fuzz suite's batches; default 0
+VLLM_FA4_FUZZ_REPLAY    one fuzz batch as JSON (printed by a failure): run only that batch
 
 Each function reads the environment when called, so a test can set a variable and call again.
 """
@@ -22,6 +26,10 @@ VARIANT = "VLLM_FA4_VARIANT"
 PREFILL_ROUTE = "VLLM_FA4_PREFILL_ROUTE"
 CACHE_DIR = "VLLM_FA4_CACHE_DIR"
 TEST_VARIANTS = "VLLM_FA4_TEST_VARIANTS"
+FUZZ_COUNT = "VLLM_FA4_FUZZ_COUNT"
+FUZZ_SEED = "VLLM_FA4_FUZZ_SEED"
+FUZZ_REPLAY = "VLLM_FA4_FUZZ_REPLAY"
+DEFAULT_FUZZ_COUNT = 300
 PREFILL_ROUTES = ("auto", "kernel", "reference")
 
 
@@ -51,6 +59,31 @@ def kernel_cache_dir() -> Path:
 
 def sweep_variants_spec() -> str | None:
     return os.environ.get(TEST_VARIANTS)
+
+
+def _int_env(name: str, default: int, minimum: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected an integer") from None
+    if value < minimum:
+        raise ValueError(f"{name}={value}: must be >= {minimum}")
+    return value
+
+
+def fuzz_count() -> int:
+    return _int_env(FUZZ_COUNT, DEFAULT_FUZZ_COUNT, 0)
+
+
+def fuzz_seed() -> int:
+    return _int_env(FUZZ_SEED, 0, 0)
+
+
+def fuzz_replay() -> str | None:
+    return os.environ.get(FUZZ_REPLAY, "").strip() or None
 
 
 def default_cute_dsl_arch() -> None:

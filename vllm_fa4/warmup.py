@@ -1,6 +1,7 @@
 """Ahead-of-time compilation of every prefill kernel a model needs, during vLLM's startup.
 
-Builders call ``request(key, config)`` when they are created, before vLLM's memory profiling
+Builders whose prefill route is the kernel (``paged_prefill.route``; a key without a kernel is
+refused there) call ``request(key, config)`` when they are created, before vLLM's memory profiling
 run and CUDA-graph capture. The kernel is compiled (or loaded from the disk cache) right there:
 the profiling run already executes a prefill, before vLLM's own CuTe-DSL warmup stage. The
 (key, config) is also registered with that warmup stage (vLLM lists it among its CuTe-DSL
@@ -48,11 +49,11 @@ def request(key: KernelKey, config: KernelConfig) -> None:
     if (key, config) in PROVIDER.kernels or device_unsupported_reason() is not None:
         return
     reason = key.unsupported_reason() or config.unsupported_reason(key)
-    if reason is not None:
-        logger.warning(
-            "FA4: no prefill kernel for %s (%s); prefill uses the reference", key, reason
+    if reason is not None:  # the builder's route check refuses such a key first
+        raise RuntimeError(
+            f"FA4: no prefill kernel for {key} with kernel config {config.spec!r}: {reason} "
+            "(use --attention-backend FLASH_ATTN for this model)"
         )
-        return
     from vllm_fa4.kernels.compile import compile_keys
 
     started = time.perf_counter()

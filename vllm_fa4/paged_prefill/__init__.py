@@ -7,7 +7,7 @@ block_table -> page_table (a view of its rows), kv_cache -> (k_cache, v_cache) v
     plan.py       plan_prefill -> PrefillPlan (LPT work list, launch arguments), once per step
     route.py      select_route: compiled kernel or fp32 reference, decided and logged once
     run.py        run_prefill: validate, then launch the plan's route
-    reference.py  the fp32 PyTorch reference (a production route and the tests' ground truth)
+    reference.py  the fp32 PyTorch reference (a route only when asked for, the tests' ground truth)
 """
 
 from vllm_fa4.paged_prefill.layout import split_kv_cache

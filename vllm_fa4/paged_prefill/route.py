@@ -1,9 +1,16 @@
 """Which route runs a plan: the compiled kernel or the fp32 PyTorch reference.
 
 Decided in ONE place, ``select_route``, once per (key, config, device, env); the choice is
-logged on logger ``vllm_fa4``. Env ``VLLM_FA4_PREFILL_ROUTE`` (read through ``vllm_fa4.envs``):
-``auto`` (default) / ``kernel`` (raise if no kernel) / ``reference`` (slow PyTorch reference;
-a WARNING when a kernel exists for the key).
+logged on logger ``vllm_fa4``. The metadata builder asks at startup, so a key without a kernel
+is refused before serving starts. Env ``VLLM_FA4_PREFILL_ROUTE`` (read through
+``vllm_fa4.envs``):
+
+- ``auto`` (default): the kernel where one exists; on a CUDA device without one, an error
+  naming the reason (never a silent fallback to the slow reference); on a non-CUDA device
+  (CPU tests), the reference.
+- ``kernel``: the kernel, or an error (also on CPU).
+- ``reference``: the slow fp32 PyTorch reference, only when asked for (a WARNING when a
+  kernel exists for the key).
 """
 
 from __future__ import annotations
@@ -52,7 +59,8 @@ def select_route(key: KernelKey, config: KernelConfig, device: torch.device | st
 
     Raises:
         ValueError: unknown ``VLLM_FA4_PREFILL_ROUTE`` value.
-        RuntimeError: ``VLLM_FA4_PREFILL_ROUTE=kernel`` but no kernel is available.
+        RuntimeError: no kernel is available for ``key`` and ``config`` on ``device``, with
+            ``VLLM_FA4_PREFILL_ROUTE=kernel``, or with ``auto`` on a CUDA device.
     """
     device = torch.device(device)
     env = envs.prefill_route()
@@ -79,8 +87,9 @@ def select_route(key: KernelKey, config: KernelConfig, device: torch.device | st
                 device,
                 name,
             )
-        else:
-            logger.info(
+        else:  # serving on the reference is slow: say so on a GPU
+            log = logger.warning if device.type == "cuda" else logger.info
+            log(
                 "FA4 prefill: %s on %s -> reference (forced by %s; kernel unavailable: %s)",
                 key,
                 device,
@@ -90,10 +99,15 @@ def select_route(key: KernelKey, config: KernelConfig, device: torch.device | st
     elif why is None:
         route = "kernel"
         logger.info("FA4 prefill: %s on %s -> kernel", key, device)
-    else:
+    elif device.type == "cuda":
+        raise RuntimeError(
+            f"FA4: no prefill kernel for {key} with kernel config {config.spec!r} on {device}: "
+            f"{why}. Use --attention-backend FLASH_ATTN for this model (or set {name}="
+            "reference to run prefill on the slow fp32 PyTorch reference, for debugging only)"
+        )
+    else:  # CPU tests: the reference is the only route there
         route = "reference"
-        log = logger.warning if device.type == "cuda" else logger.info
-        log("FA4 prefill: %s on %s -> PyTorch reference (slow): %s", key, device, why)
+        logger.info("FA4 prefill: %s on %s -> PyTorch reference: %s", key, device, why)
     _route_cache[cache_key] = route
     return route
 
