@@ -2,10 +2,11 @@
 """CPU model of how evenly a prefill batch's work tiles spread over the SMs.
 
 Costs come from the real planner (`build_work_tiles`, LPT-sorted, cost = KV blocks) plus a
-per-tile fixed cost; three assignments are compared by makespan / mean CTA load (1.0 = ideal):
-  stride  persistent grid, CTA c takes tiles c, c+G, c+2G, ... (kernel config `persistent`)
-  snake   persistent grid, odd rounds reversed (`persist+snake`, scheduler.snake_tile)
-  greedy  one CTA per tile, the hardware starting the next tile on the first free SM (`base`)
+per-tile fixed cost; two assignments are compared by makespan / mean CTA load (1.0 = ideal):
+  stride  a static persistent grid, CTA c takes tiles c, c+G, c+2G, ... (removed from the
+          kernel: it lost 6-9 % on long batches, docs/perf-notes.md)
+  greedy  the next tile in list order goes to the first free CTA: what the hardware does with
+          one CTA per tile (`base`) and what the persistent grid's atomic tile queue does
 
     python3 benchmarks/schedule_sim.py [--sms 132] [--overhead 0.5]
 """
@@ -21,7 +22,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vllm_fa4.kernels.tile_scheduler import snake_tile  # noqa: E402
 from vllm_fa4.paged_prefill.plan import build_work_tiles  # noqa: E402
 
 # name -> (q_lens, k_lens); Llama-3.1-8B heads (8 KV heads, GQA 4, hd 128: 32 tokens x 128 keys)
@@ -36,18 +36,12 @@ CASES = {
 
 
 def balance(costs: np.ndarray, sms: int) -> dict[str, float]:
-    n, mean = len(costs), costs.sum() / min(sms, len(costs))
+    mean = costs.sum() / min(sms, len(costs))
     stride = [costs[c::sms].sum() for c in range(sms)]
-    snake = [0.0] * sms
-    for c in range(sms):
-        for t0 in range(0, n, sms):
-            t = snake_tile(t0, c, sms)
-            if t < n:
-                snake[c] += costs[t]
     free_at = [0.0] * sms
     for x in costs:
         heapq.heappush(free_at, heapq.heappop(free_at) + x)
-    return {"stride": max(stride) / mean, "snake": max(snake) / mean, "greedy": max(free_at) / mean}
+    return {"stride": max(stride) / mean, "greedy": max(free_at) / mean}
 
 
 def main() -> int:
@@ -56,11 +50,11 @@ def main() -> int:
     ap.add_argument("--overhead", type=float, default=0.5, help="per-tile fixed cost, in blocks")
     args = ap.parse_args()
     print(f"makespan / mean CTA load, {args.sms} SMs, +{args.overhead} block per tile")
-    print(f"{'case':<18} {'tiles':>6} {'stride':>8} {'snake':>8} {'greedy':>8}")
+    print(f"{'case':<18} {'tiles':>6} {'stride':>8} {'greedy':>8}")
     for name, (q, k) in CASES.items():
         tiles = build_work_tiles(np.array(q), np.array(k), 8, 32, 128).reshape(-1, 4)
         r = balance(tiles[:, 3].astype(float) + args.overhead, args.sms)
-        print(f"{name:<18} {len(tiles):>6} {r['stride']:8.3f} {r['snake']:8.3f} {r['greedy']:8.3f}")
+        print(f"{name:<18} {len(tiles):>6} {r['stride']:8.3f} {r['greedy']:8.3f}")
     return 0
 
 

@@ -66,6 +66,7 @@ for s in "$@"; do
     env) step install 300 install; nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv ;;
     tests) step gpu-tests 420 $PY -m pytest tests/gpu -x -q -p no:cacheprovider ;;
     kernel) step kernel-tests 420 $PY -m pytest tests/gpu/test_kernel.py -x -q -p no:cacheprovider ;;
+    sched) step sched-tests 300 $PY -m pytest tests/gpu/test_tile_scheduler.py -q -n 4 -p no:cacheprovider ;;
     backend) step backend-tests 300 $PY -m pytest tests/gpu/test_backend_gpu.py -x -q ;;
     bench) step bench-quick 300 $PY benchmarks/variants_ab.py ;;
     overhead) step launch-overhead 300 $PY benchmarks/launch_overhead.py ;;

@@ -7,11 +7,12 @@ FLASH_ATTN's, so vLLM writes new K/V with ``reshape_and_cache_flash`` before ``f
 
 from __future__ import annotations
 
+import inspect
 from typing import ClassVar
 
 import torch
 
-from vllm_fa4 import BACKEND_NAME
+from vllm_fa4 import BACKEND_NAME, envs
 from vllm_fa4.compat import (
     AttentionBackend,
     AttentionType,
@@ -20,7 +21,13 @@ from vllm_fa4.compat import (
     MultipleOf,
     get_kv_cache_layout,
 )
-from vllm_fa4.kernels.config import SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES
+from vllm_fa4.kernels.config import (
+    SUPPORTED_HEAD_DIMS,
+    SUPPORTED_PAGE_SIZES,
+    KernelKey,
+    dtype_name,
+    serving_configs,
+)
 from vllm_fa4.metadata import FA4Metadata, FA4MetadataBuilder
 from vllm_fa4.paged_prefill import run_prefill, split_kv_cache
 
@@ -77,7 +84,35 @@ class FA4AttentionBackend(AttentionBackend):
         layout = get_kv_cache_layout()
         if layout != "NHD":
             reasons.append(_reason(f"KV cache layout {layout} (only NHD)"))
-        return reasons
+        given = inspect.signature(super().validate_configuration).bind(*args, **kwargs)
+        return reasons + _environment_reasons(
+            given.arguments["head_size"], given.arguments["dtype"], given.arguments["block_size"]
+        )
+
+
+def _environment_reasons(head_size: int, dtype: torch.dtype, block_size: int | None) -> list[str]:
+    """Startup errors from the package's environment, at backend selection (before weights
+    load): a misspelt VLLM_FA4_VARIANT or VLLM_FA4_PREFILL_ROUTE (the message lists the valid
+    spellings), or a kernel config that cannot build this head dim. The builder checks the
+    full key (GQA group included) when it is created."""
+    reasons, route, config = [], None, None
+    try:
+        route = envs.prefill_route()
+    except ValueError as e:
+        reasons.append(f"FA4: {e}")
+    try:
+        config = envs.kernel_config()
+    except ValueError as e:
+        reasons.append(f"FA4: {e}")
+    key = KernelKey(dtype_name(dtype), head_size, block_size or 16, 1)
+    if reasons or route == "reference" or key.unsupported_reason() is not None:
+        return reasons  # no kernel wanted, or the key is refused by vLLM's generic checks
+    for candidate in serving_configs(key, config).all:
+        why = candidate.unsupported_reason(key)
+        if why is not None:
+            named = f"{envs.VARIANT}={config.spec}" if config else f"kernel config {candidate.spec}"
+            reasons.append(f"FA4: {named} cannot build the prefill kernel: {why}")
+    return reasons
 
 
 class FA4AttentionImpl(FlashAttentionImpl):

@@ -25,8 +25,8 @@ from vllm_fa4.compat import (
     prefill_seq_lens_cpu,
     split_decodes_and_prefills,
 )
-from vllm_fa4.kernels.config import KernelKey, default_config
-from vllm_fa4.paged_prefill import PrefillPlan, plan_prefill
+from vllm_fa4.kernels.config import KernelKey, serving_configs
+from vllm_fa4.paged_prefill import PrefillPlan, plan_prefill, select_route
 
 logger = logging.getLogger("vllm_fa4")
 
@@ -40,6 +40,9 @@ class FA4Metadata:
     num_prefill_tokens: int
     decode: FlashAttentionMetadata | None  # rows [0, num_decode_tokens)
     prefill: PrefillPlan | None  # rows [num_decode_tokens, num_decode_tokens + num_prefill_tokens)
+    # [num_actual_tokens] cache slot of every row; vLLM reads it off any backend's metadata
+    # (micro-batching, its own backend tests)
+    slot_mapping: torch.Tensor
 
 
 class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
@@ -55,10 +58,6 @@ class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        self.decode_builder = FlashAttentionMetadataBuilder(
-            kv_cache_spec, layer_names, vllm_config, device
-        )
-        self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
         model_config, parallel = vllm_config.model_config, vllm_config.parallel_config
         if getattr(model_config, "rswa_window", None) is not None:
             raise NotImplementedError("FA4: R-SWA is not supported (use FLASH_ATTN)")
@@ -75,8 +74,20 @@ class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
             model_config.get_num_attention_heads(parallel),
             self.num_kv_heads,
         )
-        self.kernel_config = envs.kernel_config() or default_config(self.kernel_key)
-        warmup.request(self.kernel_key, self.kernel_config)
+        # VLLM_FA4_VARIANT fixes one config; unset, the plan picks per batch among the
+        # measured defaults (short batches: persistent grid). All are compiled at startup.
+        self.kernel_configs = serving_configs(self.kernel_key, envs.kernel_config())
+        # Startup, not mid-request: a key without a kernel raises here (route "auto" on a
+        # GPU); the fp32 reference runs only when VLLM_FA4_PREFILL_ROUTE=reference asks for
+        # it, or on CPU (tests).
+        for config in self.kernel_configs.all:
+            self.prefill_route = select_route(self.kernel_key, config, device)
+            if self.prefill_route == "kernel":
+                warmup.request(self.kernel_key, config)
+        self.decode_builder = FlashAttentionMetadataBuilder(
+            kv_cache_spec, layer_names, vllm_config, device
+        )
+        self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
 
     def build(
         self,
@@ -91,7 +102,14 @@ class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
         if num_prefills == 0:  # pure decode (incl. full-graph capture/replay): FA3 sees cm as is
             decode = self.decode_builder.build(0, cm, fast_build)
             return FA4Metadata(
-                cm.num_actual_tokens, num_decodes, num_decode_tokens, 0, 0, decode, None
+                num_actual_tokens=cm.num_actual_tokens,
+                num_decodes=num_decodes,
+                num_decode_tokens=num_decode_tokens,
+                num_prefills=0,
+                num_prefill_tokens=0,
+                decode=decode,
+                prefill=None,
+                slot_mapping=cm.slot_mapping,
             )
         if isinstance(cm.causal, torch.Tensor) or not cm.causal:
             raise NotImplementedError("FA4: non-causal batches are not supported")
@@ -101,13 +119,14 @@ class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
             decode = self.decode_builder.build(0, decode_cm, fast_build)
         prefill = self._plan_prefill(cm, num_decodes, num_decode_tokens)
         return FA4Metadata(
-            cm.num_actual_tokens,
-            num_decodes,
-            num_decode_tokens,
-            num_prefills,
-            prefill.num_tokens,
-            decode,
-            prefill,
+            num_actual_tokens=cm.num_actual_tokens,
+            num_decodes=num_decodes,
+            num_decode_tokens=num_decode_tokens,
+            num_prefills=num_prefills,
+            num_prefill_tokens=prefill.num_tokens,
+            decode=decode,
+            prefill=prefill,
+            slot_mapping=cm.slot_mapping,
         )
 
     def _plan_prefill(
@@ -125,7 +144,7 @@ class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
             qsl_cpu - qsl_cpu[0],
             seq_lens_cpu[nd:num_reqs],
             key=self.kernel_key,
-            config=self.kernel_config,
+            config=self.kernel_configs,
             num_kv_heads=self.num_kv_heads,
             cu_seqlens_q=cm.query_start_loc[nd : num_reqs + 1] - num_decode_tokens,
             seqused_k=cm.seq_lens[nd:num_reqs],

@@ -519,8 +519,8 @@ def test_schedule_sim_orders_the_assignments():
     sim = _load("schedule_sim")
     tiles = sim.build_work_tiles(np.array([16384]), np.array([16384]), 8, 32, 128).reshape(-1, 4)
     r = sim.balance(tiles[:, 3].astype(float) + 0.5, 132)
-    assert r["greedy"] <= r["snake"] + 1e-9 < r["stride"]
+    assert r["greedy"] < r["stride"]
     assert 1.0 <= r["greedy"] < 1.01 and r["stride"] > 1.02
-    # every tile on its own SM: all three are the single costliest tile over the mean
+    # every tile on its own SM: both are the single costliest tile over the mean
     few = sim.balance(np.array([5.0, 3.0, 1.0]), 132)
-    assert few["stride"] == few["snake"] == few["greedy"] == 5.0 / 3.0
+    assert few["stride"] == few["greedy"] == 5.0 / 3.0

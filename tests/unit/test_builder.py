@@ -120,6 +120,13 @@ def test_pure_decode_passes_padded_metadata_through(vllm_config):
     md = make_builder(vllm_config).build(0, cm)
     assert md.prefill is None and md.decode.num_actual_tokens == 8
     assert md.decode.block_table.data_ptr() == cm.block_table_tensor.data_ptr()
+    assert md.slot_mapping is cm.slot_mapping  # vLLM's micro-batching reads it
+
+
+def test_metadata_carries_the_slot_mapping(vllm_config):
+    cm = make_common([1, 1, 500], [9, 9, 500])
+    md = make_builder(vllm_config).build(0, cm)
+    assert md.slot_mapping is cm.slot_mapping and md.prefill is not None
 
 
 def test_page_table_is_a_view_of_the_block_table(vllm_config):

@@ -93,18 +93,31 @@ def test_config_spellings_roundtrip(monkeypatch):
     )
     assert KernelConfig.parse("max_box_n=64").box_n(KernelKey("bfloat16", 128, 128, 4)) == 64
     assert KernelConfig.parse("max_box_n=64").box_n(KernelKey("bfloat16", 128, 16, 4)) == 16
-    snake = KernelConfig.parse("snake")
-    assert "needs 'persistent'" in snake.unsupported_reason(KernelKey("bfloat16", 128, 16, 4))
+    key = KernelKey("bfloat16", 128, 16, 4)
+    assert "needs 'overlap'" in KernelConfig.parse("softmax_per_arm").unsupported_reason(key)
+    assert KernelConfig.parse("overlap+persistent+softmax_per_arm").unsupported_reason(key) is None
 
 
-def test_default_config_by_page_size():
-    from vllm_fa4.kernels.config import default_config
+def test_serving_configs_by_page_size_and_batch():
+    from vllm_fa4.kernels.config import OVERLAP_PINGPONG, PERSISTENT_OVERLAP, serving_configs
 
-    assert default_config(KernelKey("bfloat16", 128, 16, 4)) == DEFAULT_CONFIG
-    assert default_config(KernelKey("bfloat16", 128, 64, 4)) == DEFAULT_CONFIG
-    assert default_config(KernelKey("bfloat16", 128, 128, 4)) == KernelConfig(
-        overlap=True, pingpong=True
-    )
+    assert PERSISTENT_OVERLAP.persistent and PERSISTENT_OVERLAP.overlap
+    for page in (16, 32, 64):  # one config for every batch
+        configs = serving_configs(KernelKey("bfloat16", 128, page, 4))
+        assert configs.all == (PERSISTENT_OVERLAP,)
+        assert configs.pick(100, 10**6) == configs.pick(100, 100) == PERSISTENT_OVERLAP
+    p128 = KernelKey("bfloat16", 128, 128, 4)
+    configs = serving_configs(p128)
+    assert configs.all == (OVERLAP_PINGPONG, PERSISTENT_OVERLAP)
+    limit = configs.short_max_blocks
+    assert configs.pick(100, 100 * limit) == PERSISTENT_OVERLAP  # mean cost at the limit
+    assert configs.pick(100, 100 * limit + 1) == OVERLAP_PINGPONG
+    assert configs.pick(0, 0) == OVERLAP_PINGPONG
+    for key in (p128, KernelKey("float16", 64, 16, 1), KernelKey("bfloat16", 256, 16, 2)):
+        assert all(c.unsupported_reason(key) is None for c in serving_configs(key).all)
+    fixed = serving_configs(p128, KernelConfig(pingpong=True))
+    assert fixed.all == (KernelConfig(pingpong=True),)
+    assert fixed.pick(10, 10) == fixed.pick(10, 10**6) == KernelConfig(pingpong=True)
 
 
 @pytest.mark.parametrize("spec", ["pingpnog", "smemepi", "kv_stages", "overlap=1", "kv_stages=x"])
@@ -148,27 +161,3 @@ def test_disk_cache_roundtrip(tmp_path):
     )
     assert second.returncode == 0, second.stderr[-3000:]
     assert "EXISTED True COMPILED False" in second.stdout, second.stdout + second.stderr[-2000:]
-
-
-@pytest.mark.parametrize("num_tiles,num_ctas", [(1, 132), (132, 132), (4096, 132), (1000, 114)])
-def test_snake_walk_covers_every_tile_once_and_balances(num_tiles, num_ctas):
-    """The persistent snake walk (kernel's own function, on Python ints) visits each tile
-    exactly once, and on an LPT-sorted cost list the CTA shares are closer than a plain
-    stride walk's."""
-    from vllm_fa4.kernels.tile_scheduler import snake_tile
-
-    seen = []
-    share = {"snake": [0] * num_ctas, "stride": [0] * num_ctas}
-    costs = sorted((1 + (i * 7919) % 128 for i in range(num_tiles)), reverse=True)
-    for cta in range(num_ctas):
-        for t0 in range(0, num_tiles, num_ctas):
-            t = snake_tile(t0, cta, num_ctas)
-            if t < num_tiles:
-                seen.append(t)
-                share["snake"][cta] += costs[t]
-            if t0 + cta < num_tiles:
-                share["stride"][cta] += costs[t0 + cta]
-    assert sorted(seen) == list(range(num_tiles))
-    if num_tiles >= 4 * num_ctas:
-        spread = {k: max(v) - min(v) for k, v in share.items()}
-        assert spread["snake"] < spread["stride"] / 4, spread

@@ -237,9 +237,17 @@ def test_l2_sections_keep_fewer_pairs_in_flight():
     assert len(set(_pairs(lpt[:132]))) == 8 and len(set(_pairs(l2[:132]))) <= 3
 
 
-def test_plan_uses_sections_and_key_default_config():
+def test_plan_uses_sections_and_picks_the_config_per_batch():
+    from vllm_fa4.kernels.config import OVERLAP_PINGPONG, PERSISTENT_OVERLAP
+
     plan = _plan([(16384, 16384)], page=128)
-    assert plan.config.overlap and plan.config.pingpong  # page 128 default
+    assert plan.config == OVERLAP_PINGPONG  # page 128, long tiles
     heads_first = {r[1] for r in plan.work_tiles_cpu[:132].tolist()}
     assert len(heads_first) <= 2  # 8 MB of K/V per head, 16 MiB sections
-    assert _plan([(16384, 16384)], page=16).config == KernelConfig()
+    # 512-token requests: tiles visit 1-4 K/V tiles, the persistent grid's case
+    assert _plan([(512, 512)] * 8, page=128).config == PERSISTENT_OVERLAP
+    # a 2k chunk after a 64k prefix: few tiles, each long
+    assert _plan([(2048, 65536 + 2048)], page=128).config == OVERLAP_PINGPONG
+    # below page 128 one config serves every batch
+    assert _plan([(16384, 16384)], page=16).config == PERSISTENT_OVERLAP
+    assert _plan([(512, 512)] * 8, page=16).config == PERSISTENT_OVERLAP

@@ -116,20 +116,35 @@ def test_forced_reference_warns_when_kernel_exists(fake_sm90, monkeypatch, caplo
     assert warn and "although a compiled kernel exists" in warn[0].getMessage()
 
 
-def test_unsupported_key_on_gpu_falls_back_loudly(fake_sm90, caplog):
-    key = KernelKey("bfloat16", 96, 16, 4, True)
+@pytest.mark.parametrize(
+    "key, config, words",
+    [
+        (KernelKey("bfloat16", 96, 16, 4, True), CONFIG, "head dim 96"),
+        (KernelKey("bfloat16", 128, 16, 256, True), CONFIG, "GQA group size 256"),
+        (KEY, KernelConfig.parse("softmax_per_arm"), "'softmax_per_arm' needs 'overlap'"),
+    ],
+)
+def test_no_kernel_on_gpu_is_an_error_not_a_fallback(fake_sm90, key, config, words):
+    """Route ``auto`` on a GPU: a key or config without a kernel raises (the builder asks at
+    startup), naming the reason and both ways out; it never runs the slow reference."""
+    with pytest.raises(RuntimeError, match="no prefill kernel") as err:
+        select_route(key, config, "cuda:0")
+    msg = str(err.value)
+    assert words in msg and "FLASH_ATTN" in msg and f"{ROUTE_ENV}=reference" in msg
+
+
+def test_auto_route_on_a_gpu_other_than_sm90_is_an_error(fake_sm90, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    with pytest.raises(RuntimeError, match="compute capability 8.0 is not SM90"):
+        select_route(KEY, CONFIG, "cuda:0")
+
+
+def test_reference_on_gpu_only_when_asked_for(fake_sm90, monkeypatch, caplog):
+    key = KernelKey("bfloat16", 128, 16, 256, True)
+    monkeypatch.setenv(ROUTE_ENV, "reference")
     with caplog.at_level(logging.INFO, logger="vllm_fa4"):
         assert select_route(key, CONFIG, "cuda:0") == "reference"
-    warn = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert warn and "head dim 96" in warn[0].getMessage()
-
-
-def test_unsupported_config_on_gpu_falls_back_loudly(fake_sm90, caplog):
-    config = KernelConfig.parse("snake")
-    with caplog.at_level(logging.INFO, logger="vllm_fa4"):
-        assert select_route(KEY, config, "cuda:0") == "reference"
-    warn = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert warn and "'snake' needs 'persistent'" in warn[0].getMessage()
+    assert any("forced by" in r.getMessage() for r in caplog.records)
 
 
 def test_kernel_route_passes_contract_arguments(fake_sm90, monkeypatch):

@@ -26,7 +26,7 @@ from vllm_fa4.kernels.fwd_sm90 import CUTLASS_DTYPES, Sm90PagedPrefill  # noqa: 
 logger = logging.getLogger("vllm_fa4")
 
 
-def _fake_args(key: KernelKey, has_lse: bool):
+def _fake_args(key: KernelKey, config: KernelConfig, has_lse: bool):
     sym = cute.sym_int
     dt = CUTLASS_DTYPES[key.dtype]
     div = 128 // dt.width  # 16-byte aligned strides
@@ -45,9 +45,11 @@ def _fake_args(key: KernelKey, has_lse: bool):
     mSeqK = fake(cutlass.Int32, 1, 1, 4)
     mPT = fake(cutlass.Int32, 2, 1, 4)
     mWork = fake(cutlass.Int32, 2, 1, 4)
+    mCounters = fake(cutlass.Int32, 1, 1, 4) if config.persistent else None
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     num_ctas = cutlass.Int32(1)
-    return (mQ, mK, mV, mO, mLSE, mCu, mSeqK, mPT, mWork, cutlass.Float32(1.0), num_ctas, stream)
+    scale = cutlass.Float32(1.0)
+    return (mQ, mK, mV, mO, mLSE, mCu, mSeqK, mPT, mWork, mCounters, scale, num_ctas, stream)
 
 
 def compile_kernel(key: KernelKey, config: KernelConfig = DEFAULT_CONFIG, has_lse: bool = True):
@@ -56,7 +58,7 @@ def compile_kernel(key: KernelKey, config: KernelConfig = DEFAULT_CONFIG, has_ls
     if reason is not None:
         raise ValueError(f"vllm_fa4: cannot build {key} with {config.spec}: {reason}")
     kern = Sm90PagedPrefill(key, config, has_lse)
-    return cute.compile(kern, *_fake_args(key, has_lse), options="--enable-tvm-ffi")
+    return cute.compile(kern, *_fake_args(key, config, has_lse), options="--enable-tvm-ffi")
 
 
 _CACHE = KernelCache(compile_kernel, function_name="vllm_fa4_prefill")
@@ -85,6 +87,10 @@ def compile_keys(
 
 
 _SM_COUNT: dict = {}
+# (device, stream) -> the [2] int32 tile counter of `persistent` launches on that stream. The kernel
+# zeroes it again on exit (tile_scheduler.TileQueue), so ordered launches share it; two
+# streams never do, or concurrent launches would steal each other's tiles.
+_TILE_COUNTERS: dict = {}
 
 
 def _sm_count(device) -> int:
@@ -94,6 +100,16 @@ def _sm_count(device) -> int:
 
         n = _SM_COUNT[device] = torch.cuda.get_device_properties(device).multi_processor_count
     return n
+
+
+def _tile_counters(device):
+    import torch
+
+    slot = (device, torch.cuda.current_stream(device).cuda_stream)
+    counters = _TILE_COUNTERS.get(slot)
+    if counters is None:
+        counters = _TILE_COUNTERS[slot] = torch.zeros(2, dtype=torch.int32, device=device)
+    return counters
 
 
 def prefill_forward(
@@ -106,11 +122,16 @@ def prefill_forward(
     lse,
     args: LaunchArgs,
     softmax_scale: float,
+    num_ctas: int | None = None,
 ) -> None:
-    """Run the kernel for one step's prefill rows (tensor contracts: docs/contracts.md)."""
+    """Run the kernel for one step's prefill rows (tensor contracts: docs/contracts.md).
+
+    ``num_ctas``: grid of the persistent configs, min(tiles, SMs) by default (tests pass more
+    CTAs than tiles); the other configs launch one CTA per tile and ignore it.
+    """
     fn = get_kernel(key, config, lse is not None)
-    # Persistent configs launch min(tiles, SMs) CTAs; the others ignore the value.
-    num_ctas = min(args.work_tiles.shape[0], _sm_count(q.device))
+    if num_ctas is None:
+        num_ctas = min(args.work_tiles.shape[0], _sm_count(q.device))
     fn(
         q,
         k_cache,
@@ -121,6 +142,7 @@ def prefill_forward(
         args.seqused_k,
         args.page_table,
         args.work_tiles,
+        _tile_counters(q.device) if config.persistent else None,
         softmax_scale,
         num_ctas,
     )

@@ -6,6 +6,7 @@ which tile a key uses without paying for the DSL import.
     KernelKey      what the model fixes (dtype, head dim, page size, GQA group)
     KernelConfig   how the kernel is built (compile-time performance flags), one spelling each
     TileGeometry   tile sizes derived from a key, in one place (tile_geometry)
+    ServingConfigs the configs serving picks from per batch (serving_configs)
 """
 
 from __future__ import annotations
@@ -95,11 +96,16 @@ class KernelConfig:
     # Producer reads a tile's page-table entries before waiting for the free stage (their
     # latency hides under the wait) and K and V of one block share one read.
     page_prefetch: bool = False
-    # Persistent grid: min(tiles, SMs) CTAs stride over the LPT-ordered work list, so the
-    # producer loads the next tile's K/V while the consumers finish the current one.
+    # Persistent grid: min(tiles, SMs) CTAs claim tiles from a global atomic counter in list
+    # (L2-section, LPT) order as they become free (tile_scheduler.TileQueue); the producer
+    # loads the next tile's K/V while the consumers finish the current one.
     persistent: bool = False
-    # With persistent: alternate the walk direction per round (balances the LPT shares).
-    snake: bool = False
+    # With overlap: the softmax sits in both arms of the causal-mask branch, which keeps
+    # ptxas from hoisting the P V wgmma wait above it (fwd_sm90.softmax_block).
+    softmax_per_arm: bool = False
+    # Test-only instrumentation: a consumer thread adds 1 to its tile's cost column of
+    # work_tiles after the tile's epilogue, so a test can check each tile ran exactly once.
+    count_visits: bool = False
     kv_stages: int = 2  # K/V pipeline depth; 3 fits shared memory for head dims <= 128
     max_box_n: int = 128  # cap on rows per K/V TMA box (pages > cap are split into boxes)
 
@@ -145,8 +151,8 @@ class KernelConfig:
 
     def unsupported_reason(self, key: KernelKey) -> str | None:
         """Why this config cannot build ``key``'s kernel, or None."""
-        if self.snake and not self.persistent:
-            return "flag 'snake' needs 'persistent'"
+        if self.softmax_per_arm and not self.overlap:
+            return "flag 'softmax_per_arm' needs 'overlap'"
         if self.kv_stages not in (2, 3):
             return f"kv_stages={self.kv_stages} (supported: 2, 3)"
         if self.max_box_n not in (16, 32, 64, 128):
@@ -181,16 +187,47 @@ class KernelConfig:
         return 128 * (self.num_mma_wg + 1)
 
 
-DEFAULT_CONFIG = KernelConfig()
-# Intra-WG overlap with ping-pong wins at page 128 (+5-7 % over base, H100, L2-sectioned
-# order) and loses 3-6 % at page 16, where the single producer thread's per-page TMA issue
-# (8 page-table reads + 16 boxes per K tile) cannot keep up with the turns (perf-notes.md).
-OVERLAP_PINGPONG = KernelConfig(overlap=True, pingpong=True)
-OVERLAP_PINGPONG_MIN_PAGE = 128
+DEFAULT_CONFIG = KernelConfig()  # "base": no flag
+# The measured serving defaults (docs/perf-notes.md, H100 and H200, one process each).
+# Overlap + ping-pong on the persistent grid: every batch below page 128 (H200 page 16:
+# 0.99-1.04 of FA3; base 0.86-1.02) and short batches at page 128, where paying the CTA
+# start-up once per SM lifts 512x32 from 0.85 to 0.99.
+PERSISTENT_OVERLAP = KernelConfig(
+    overlap=True, pingpong=True, persistent=True, softmax_per_arm=True
+)
+# Long batches at page 128: the one-CTA-per-tile grid is 0-3 % ahead on 16k and chunks after
+# 64k. softmax_per_arm keeps ptxas from serializing the softmax behind the P V GEMM.
+OVERLAP_PINGPONG = KernelConfig(overlap=True, pingpong=True, softmax_per_arm=True)
+LONG_BATCH_MIN_PAGE = 128  # pages this large run OVERLAP_PINGPONG for long batches
+SHORT_BATCH_MAX_BLOCKS = 16  # mean KV tiles visited per work tile (2k tokens at tile_n 128)
 
 
-def default_config(key: KernelKey) -> KernelConfig:
-    """The config serving uses for ``key`` when VLLM_FA4_VARIANT does not name one."""
-    if key.page_size >= OVERLAP_PINGPONG_MIN_PAGE:
-        return OVERLAP_PINGPONG
-    return DEFAULT_CONFIG
+@dataclass(frozen=True)
+class ServingConfigs:
+    """The configs serving may launch for one key, picked per batch on the host (the plan):
+    batches whose work tiles visit on average at most ``short_max_blocks`` K/V tiles run
+    ``short``, the others ``long``. Warmup compiles every one of ``all``."""
+
+    long: KernelConfig
+    short: KernelConfig
+    short_max_blocks: int = SHORT_BATCH_MAX_BLOCKS
+
+    def pick(self, num_tiles: int, total_work: int) -> KernelConfig:
+        """The config of a batch of ``num_tiles`` tiles visiting ``total_work`` K/V tiles."""
+        if num_tiles and total_work <= self.short_max_blocks * num_tiles:
+            return self.short
+        return self.long
+
+    @property
+    def all(self) -> tuple[KernelConfig, ...]:
+        return (self.long,) if self.short == self.long else (self.long, self.short)
+
+
+def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> ServingConfigs:
+    """What serving runs for ``key``: ``fixed`` (VLLM_FA4_VARIANT) for every batch, else
+    the measured per-page-size defaults."""
+    if fixed is not None:
+        return ServingConfigs(long=fixed, short=fixed)
+    if key.page_size >= LONG_BATCH_MIN_PAGE:
+        return ServingConfigs(long=OVERLAP_PINGPONG, short=PERSISTENT_OVERLAP)
+    return ServingConfigs(long=PERSISTENT_OVERLAP, short=PERSISTENT_OVERLAP)

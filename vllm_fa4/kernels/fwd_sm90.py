@@ -1,7 +1,7 @@
 """SM90 (Hopper) paged, varlen, causal GQA prefill forward kernel in CuTe-DSL.
 
 One CTA per work tile (batch, kv_head, m_block), or with `persistent` min(tiles, SMs) CTAs
-that stride over the LPT-ordered tile list. 3 warpgroups:
+that claim tiles of the ordered list as they become free. 3 warpgroups:
   WG0  producer: warp 0 issues per-page K/V TMA boxes into a `kv_stages`-deep ring
        (one PipelineTmaAsync for K, one for V), registers lowered to `producer_regs`.
   WG1, WG2 consumers: 64 packed (token, q-head) rows each; load their Q rows with
@@ -18,9 +18,11 @@ Compile-time variants (KernelConfig):
   smem_epilogue     O staged through the warpgroup's slice of sQ, 16-byte row stores.
   persistent        producer and consumers loop over tiles with pipeline states carried
                     across them: the next tile's K/V loads overlap this tile's last blocks
-                    and epilogue, and the CTA start-up cost is paid once per SM.
-  snake             (with persistent) odd rounds of the stride walk run right to left, so
-                    each CTA's share of the cost-sorted list evens out (tile_scheduler.py).
+                    and epilogue, and the CTA start-up cost is paid once per SM. Tiles are
+                    claimed in list order from a global atomic counter
+                    (tile_scheduler.TileQueue).
+  softmax_per_arm   (with overlap) the softmax sits in both arms of the mask branch, which
+                    keeps ptxas from hoisting the P V wait above it (softmax_block).
 """
 
 from typing import Optional
@@ -53,7 +55,7 @@ from vllm_fa4.kernels.softmax import (
     scale_rows,
     softmax_step,
 )
-from vllm_fa4.kernels.tile_scheduler import snake_tile, tile_work
+from vllm_fa4.kernels.tile_scheduler import TILE_QUEUE_STAGES, TileQueue, tile_work
 
 CUTLASS_DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
 
@@ -121,7 +123,20 @@ class Sm90PagedPrefill:
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
 
-        return Storage
+        if not self.cfg.persistent:
+            return Storage
+
+        @cute.struct
+        class StorageWithQueue:  # the tile queue's ring sits in the mbarriers' 1 KB
+            mbar_k: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            mbar_v: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            mbar_queue: cute.struct.MemRange[cutlass.Int64, TILE_QUEUE_STAGES * 2]
+            queue_slots: cute.struct.MemRange[cutlass.Int32, TILE_QUEUE_STAGES]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+
+        return StorageWithQueue
 
     @cute.jit
     def __call__(
@@ -135,6 +150,7 @@ class Sm90PagedPrefill:
         mSeqUsedK: cute.Tensor,  # [B] int32
         mPageTable: cute.Tensor,  # [B, max_pages] int32
         mWorkTiles: cute.Tensor,  # [num_tiles, 4] int32
+        mTileCounters: Optional[cute.Tensor],  # [2] int32, zero at launch; `persistent` only
         softmax_scale: Float32,
         num_ctas: Int32,  # persistent grid size, min(num_tiles, SMs); unused otherwise
         stream,
@@ -182,6 +198,7 @@ class Sm90PagedPrefill:
             mSeqUsedK,
             mPageTable,
             mWorkTiles,
+            mTileCounters,
             mK_tma,
             mV_tma,
             tma_atom_K,
@@ -211,6 +228,7 @@ class Sm90PagedPrefill:
         mSeqUsedK: cute.Tensor,
         mPageTable: cute.Tensor,
         mWorkTiles: cute.Tensor,
+        mTileCounters: Optional[cute.Tensor],
         mK_tma: cute.Tensor,
         mV_tma: cute.Tensor,
         tma_atom_K: cute.CopyAtom,
@@ -246,6 +264,19 @@ class Sm90PagedPrefill:
             )
             for barriers in (storage.mbar_k, storage.mbar_v)
         )
+        queue = None
+        if cutlass.const_expr(self.cfg.persistent):
+            pipe_queue = pipeline.PipelineAsync.create(
+                barrier_storage=storage.mbar_queue.data_ptr(),
+                num_stages=TILE_QUEUE_STAGES,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
+                consumer_group=pipeline.CooperativeGroup(
+                    pipeline.Agent.Thread, self.num_mma_threads
+                ),
+                defer_sync=True,
+            )
+            slots = storage.queue_slots.get_tensor(cute.make_layout(TILE_QUEUE_STAGES))
+            queue = TileQueue(mTileCounters, pipe_queue, slots, cute.arch.grid_dim()[0])
         pipeline.pipeline_init_arrive()
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
@@ -264,7 +295,7 @@ class Sm90PagedPrefill:
                 state = pipeline.make_pipeline_state(
                     pipeline.PipelineUserType.Producer, self.stages
                 )
-                self.walk_tiles(self.produce, prod_args, state, tile_args, first_tile)
+                self.walk_tiles(self.produce, prod_args, state, tile_args, first_tile, queue, True)
         else:
             cute.arch.setmaxregister_increase(self.cfg.mma_regs)
             wg = cute.arch.make_warp_uniform((tidx - 128) // 128)
@@ -272,25 +303,54 @@ class Sm90PagedPrefill:
             cons_args = (mQ, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v)
             cons_args = (*cons_args, scale_log2, tidx - 128)
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            self.walk_tiles(self.consume, cons_args, state, tile_args, first_tile)
+            self.walk_tiles(self.consume, cons_args, state, tile_args, first_tile, queue, False)
 
     @cute.jit
-    def walk_tiles(self, role, role_args, state, tile_args, first_tile: Int32):
+    def walk_tiles(
+        self,
+        role,
+        role_args,
+        state,
+        tile_args,
+        first_tile: Int32,
+        queue,
+        is_producer: cutlass.Constexpr[bool],
+    ):
         """Run one role (produce or consume) over this CTA's tiles, carrying its pipeline
-        state: the one tile `first_tile`, or with `persistent` a stride walk of the tile list
-        (`snake`: odd rounds reversed, tile_scheduler.snake_tile)."""
+        state: the one tile `first_tile`, or with `persistent` `first_tile` and then the
+        tiles `queue` hands out."""
         num_tiles = tile_args[0].shape[0]
-        tile_stride = cute.arch.grid_dim()[0]
-        if cutlass.const_expr(self.cfg.snake):
-            for t0 in cutlass.range(0, num_tiles, tile_stride, unroll=1):
-                t = snake_tile(t0, first_tile, tile_stride)
-                if t < num_tiles:
-                    state = role(tile_work(*tile_args, t), *role_args, state)
-        elif cutlass.const_expr(self.cfg.persistent):
-            for t in cutlass.range(first_tile, num_tiles, tile_stride, unroll=1):
-                state = role(tile_work(*tile_args, t), *role_args, state)
+        if cutlass.const_expr(self.cfg.persistent):
+            tile = first_tile
+            users = pipeline.PipelineUserType
+            user = users.Producer if is_producer else users.Consumer
+            queue_state = pipeline.make_pipeline_state(user, TILE_QUEUE_STAGES)
+            # Bound methods: the DSL's while would try to carry `queue` itself.
+            claim, publish, receive = queue.claim, queue.publish, queue.receive
+            while tile < num_tiles:
+                if cutlass.const_expr(is_producer):
+                    claimed = claim()  # in flight while this tile's loads issue
+                    state = role(tile_work(*tile_args, tile), *role_args, state)
+                    tile, queue_state = publish(claimed, queue_state)
+                else:
+                    state = role(tile_work(*tile_args, tile), *role_args, state)
+                    self._count_visit(tile_args[0], tile)
+                    tile, queue_state = receive(queue_state)
+            if cutlass.const_expr(is_producer):
+                queue.finish()
         else:
             role(tile_work(*tile_args, first_tile), *role_args, state)
+            if cutlass.const_expr(not is_producer):
+                self._count_visit(tile_args[0], first_tile)
+
+    @cute.jit
+    def _count_visit(self, mWorkTiles: cute.Tensor, tile: Int32):
+        """`count_visits` (tests): the first consumer thread adds 1 to the tile's cost."""
+        if cutlass.const_expr(self.cfg.count_visits):
+            tidx, _, _ = cute.arch.thread_idx()
+            if tidx == 128:
+                cost_ptr = mWorkTiles[tile, None].iterator + 3
+                cute.arch.atomic_add(cost_ptr, Int32(1), sem="relaxed", scope="gpu")
 
     def _tile_pages(self, page_row, k_len, num_blocks, n_block):
         """With `page_prefetch`, read a tile's page-table entries now (before the stage is
@@ -421,12 +481,27 @@ class Sm90PagedPrefill:
     def softmax_block(
         self, acc_S, tScS, n_block, work, diag, row_max, row_sum, row_scale, scale_log2
     ):
-        """Online softmax of a block after the first: the causal mask only on diagonal blocks."""
-        if n_block >= work.n_block_mask:
-            apply_causal_mask(
-                acc_S, tScS, n_block, work.first_token, diag, self.qhead_per_kvhead, self.tile_n
-            )
-        softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False)
+        """Online softmax of a block after the first: the causal mask only on diagonal blocks.
+
+        `softmax_per_arm`: the softmax runs inside both arms of the mask branch. ptxas moves
+        the caller's following wgmma wait (for P V, overlap loop) to the top of the basic
+        block that holds the softmax, so the softmax no longer overlaps that GEMM (ncu, 8kx2
+        p128: 15 % of warp samples on the wait); with the softmax in the arms the wait stays
+        after it, at the join."""
+        if cutlass.const_expr(self.cfg.softmax_per_arm):
+            if n_block >= work.n_block_mask:
+                apply_causal_mask(
+                    acc_S, tScS, n_block, work.first_token, diag, self.qhead_per_kvhead, self.tile_n
+                )
+                softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False)
+            else:
+                softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False)
+        else:
+            if n_block >= work.n_block_mask:
+                apply_causal_mask(
+                    acc_S, tScS, n_block, work.first_token, diag, self.qhead_per_kvhead, self.tile_n
+                )
+            softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False)
 
     @cute.jit
     def consume(

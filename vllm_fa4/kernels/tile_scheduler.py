@@ -1,5 +1,5 @@
 """Which tile a CTA works on: a row of ``work_tiles`` (batch, kv_head, m_block, cost) read into a
-``TileWork``, and the order a persistent CTA walks the rows in."""
+``TileWork``, and the queue a persistent CTA takes its next row from (``TileQueue``)."""
 
 from dataclasses import dataclass
 
@@ -53,16 +53,68 @@ def tile_work(
     )
 
 
-def snake_tile(round_start, cta, num_ctas):
-    """Tile of `cta` in the round that starts at `round_start` of a persistent walk over the
-    cost-sorted (LPT) list: left to right on even rounds, right to left on odd ones.
+TILE_QUEUE_STAGES = 2  # tile indices the producer may publish ahead of the consumers
 
-    A plain stride walk hands CTA 0 the costliest tile of every round, so its total exceeds
-    the last CTA's by about one round's cost spread per round (makespan ~3 % over the mean at
-    16k x 1, benchmarks/schedule_sim.py); alternating the direction cancels that in pairs of
-    rounds. May return an index past the
-    list in the last round; the caller skips it. Branch-free integer arithmetic, so the same
-    function runs on DSL Int32 values in the kernel and on Python ints in the unit tests.
+
+class TileQueue:
+    """Dynamic persistent scheduling: each CTA starts on tile ``blockIdx.x`` and then claims
+    ``num_ctas + atomicAdd(counters[0], 1)`` until the index runs past the list, so CTAs take
+    tiles in list (LPT) order as they become free, whatever the tiles they drew before cost.
+
+    Only the producer warp claims. It issues the atomic when it starts a tile, so the round
+    trip to L2 hides under that tile's K/V loads, and hands the claimed index to the consumer
+    warpgroups through a ``TILE_QUEUE_STAGES``-deep shared-memory ring (an mbarrier pipeline:
+    32 producer lanes arrive on "full", 256 consumer threads on "empty").
+
+    The counter resets itself: every CTA's producer adds 1 to ``counters[1]`` after its last
+    claim (acq_rel), and the CTA that brings it to ``num_ctas`` zeroes both words, so the
+    next launch on the stream (the next layer) starts from zero without a memset. Launches
+    that share a counter buffer must therefore be ordered (one buffer per stream).
     """
-    odd = (round_start // num_ctas) % 2
-    return round_start + cta + odd * (num_ctas - 1 - 2 * cta)
+
+    def __init__(self, counters: cute.Tensor, pipe, slots: cute.Tensor, num_ctas: Int32):
+        self.counters = counters  # [2] int32 in global memory: claims, finished CTAs
+        self.pipe = pipe
+        self.slots = slots  # [TILE_QUEUE_STAGES] int32 in shared memory
+        self.num_ctas = num_ctas
+
+    @cute.jit
+    def claim(self) -> Int32:
+        """Producer warp: start claiming the tile after the current one (lane 0's value)."""
+        claimed = Int32(0)
+        claims_ptr = self.counters.iterator
+        if cute.arch.lane_idx() == 0:
+            claimed = cute.arch.atomic_add(claims_ptr, Int32(1), sem="relaxed", scope="gpu")
+        return claimed
+
+    @cute.jit
+    def publish(self, claimed: Int32, state):
+        """Producer warp: hand the claimed tile to the consumers; returns (tile, state)."""
+        tile = cute.arch.shuffle_sync(claimed, 0) + self.num_ctas
+        self.pipe.producer_acquire(state)
+        slots = self.slots  # a local: the DSL's `if` would try to carry `self`
+        if cute.arch.lane_idx() == 0:
+            slots[state.index] = tile
+        self.pipe.producer_commit(state)
+        state.advance()
+        return tile, state
+
+    @cute.jit
+    def receive(self, state):
+        """Consumer threads: the next tile the producer published; returns (tile, state)."""
+        self.pipe.consumer_wait(state)
+        tile = self.slots[state.index]
+        self.pipe.consumer_release(state)
+        state.advance()
+        return tile, state
+
+    @cute.jit
+    def finish(self):
+        """Producer warp, after its last claim: the last CTA to get here zeroes the counter."""
+        counters, num_ctas = self.counters, self.num_ctas
+        if cute.arch.lane_idx() == 0:
+            done_ptr = counters.iterator + 1
+            done = cute.arch.atomic_add(done_ptr, Int32(1), sem="acq_rel", scope="gpu")
+            if done == num_ctas - 1:
+                counters[0] = Int32(0)
+                counters[1] = Int32(0)

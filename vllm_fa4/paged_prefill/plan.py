@@ -21,8 +21,9 @@ import torch
 from vllm_fa4.kernels.config import (
     KernelConfig,
     KernelKey,
+    ServingConfigs,
     TileGeometry,
-    default_config,
+    serving_configs,
     tile_geometry,
 )
 from vllm_fa4.kernels.launch import LaunchArgs
@@ -156,7 +157,7 @@ def plan_prefill(
     seq_lens_cpu: torch.Tensor,
     *,
     key: KernelKey,
-    config: KernelConfig | None = None,
+    config: KernelConfig | ServingConfigs | None = None,
     num_kv_heads: int,
     cu_seqlens_q: torch.Tensor,
     seqused_k: torch.Tensor,
@@ -168,8 +169,9 @@ def plan_prefill(
     Args:
         query_start_loc_cpu: [B+1] int32 CPU, prefill rows only, rebased so it starts at 0.
         seq_lens_cpu: [B] int32 CPU, k_len per request (cached prefix + q_len).
-        key, config: the layer's kernel key and config, built once by the caller
-            (config None: ``default_config(key)``).
+        key, config: the layer's kernel key and configs, built once by the caller: one
+            config for every batch, or ``ServingConfigs`` to pick from by the batch's mean
+            tile cost (None: ``serving_configs(key)``, the measured defaults).
         num_kv_heads: KV heads of the layer (query heads = num_kv_heads * GQA group).
         cu_seqlens_q, seqused_k: the same lengths on the kernel's device (passed through).
         page_table: [B, max_pages] int32 on that device (a view of vLLM's block table rows).
@@ -249,9 +251,11 @@ def plan_prefill(
         host = tiles32
         work_tiles = host if device.type == "cpu" else host.to(device)
 
+    if not isinstance(config, ServingConfigs):
+        config = serving_configs(key, config)
     return PrefillPlan(
         key=key,
-        config=default_config(key) if config is None else config,
+        config=config.pick(num_tiles, total_work),
         args=LaunchArgs(cu_seqlens_q, seqused_k, page_table, work_tiles),
         query_start_loc_cpu=query_start_loc_cpu,
         seq_lens_cpu=seq_lens_cpu,

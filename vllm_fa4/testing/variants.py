@@ -3,7 +3,7 @@
 ``VLLM_FA4_TEST_VARIANTS``: ``all`` (every config below), or specs separated by spaces or
 ``;`` (``default``: each key's default config); unset means the process's config
 (``VLLM_FA4_VARIANT``), which when unset too is each key's default. A config None stands for
-"each key's default" (``kernels.config.default_config``).
+"each key's serving configs, picked per batch" (``kernels.config.serving_configs``).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ ALL_CONFIGS = tuple(
         "persistent",
         "smem_epilogue+persistent",
         "overlap+pingpong+persistent",
-        "persistent+snake",
-        "smem_epilogue+persistent+snake",
+        "overlap+pingpong+softmax_per_arm",
+        "overlap+pingpong+persistent+softmax_per_arm",
     )
 )
 

@@ -1,0 +1,92 @@
+"""Every work tile runs exactly once, under both tile schedulers: one CTA per tile, and the
+persistent grid whose CTAs claim tiles from the atomic counter (tile_scheduler.TileQueue).
+
+The kernels are built with the test-only ``count_visits`` flag: after a tile's epilogue one
+consumer thread adds 1 to the tile's cost column of ``work_tiles``, so after a launch every
+row's cost must have grown by exactly 1. The outputs are checked against the fp32 reference
+too (a skipped tile leaves NaN rows), and the tile counter must be back at zero, so the
+next launch on the stream (the next layer) starts fresh; the second launch checks that.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from vllm_fa4.kernels.config import KernelConfig
+
+pytestmark = pytest.mark.gpu
+
+SCHEDULERS = [
+    "base",
+    "persistent",
+    "overlap+pingpong+persistent+softmax_per_arm",
+]
+
+# (specs, Hq, Hkv, num_ctas: None = min(tiles, SMs))
+SHAPES = {
+    # ~3000 one-block tiles: 132 CTAs hammer the counter
+    "many_tiny": ([(1 + i % 7, 1 + i % 7 + (i * 37) % 60) for i in range(380)], 32, 8, None),
+    # 8 tiles on 300 CTAs: most CTAs find the list exhausted before their first claim
+    "more_ctas_than_tiles": ([(5, 5), (40, 100), (1, 17)], 8, 2, 300),
+    "single_tile": ([(9, 30)], 4, 1, None),
+    "single_tile_many_ctas": ([(9, 30)], 4, 1, 8),
+    # long and short tiles mixed: the claim order must not depend on tile cost
+    "mixed": ([(2048, 4096), (3, 3), (700, 700)] + [(17, 40)] * 40, 32, 8, None),
+}
+
+
+def _launch(plan, case, q, num_ctas):
+    from vllm_fa4.kernels.compile import prefill_forward
+
+    out = torch.full_like(q, float("nan"))
+    prefill_forward(
+        plan.key,
+        plan.config,
+        q,
+        case.k_cache,
+        case.v_cache,
+        out,
+        None,
+        plan.args,
+        case.softmax_scale,
+        num_ctas=num_ctas,
+    )
+    torch.cuda.synchronize()
+    return out
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("spec", SCHEDULERS)
+def test_every_tile_runs_exactly_once(spec, shape):
+    from vllm_fa4.kernels import compile as kernel_compile
+    from vllm_fa4.testing import cases, checks
+
+    specs, hq, hkv, num_ctas = SHAPES[shape]
+    config = dataclasses.replace(KernelConfig.parse(spec), count_visits=True)
+    case = cases.make_paged_case(specs, hq, hkv, 128, 16, torch.bfloat16, "cuda", seed=3)
+    plan = case.plan(config)
+    if not config.persistent:
+        num_ctas = None  # one CTA per tile, whatever the test asks
+    work = plan.args.work_tiles
+    costs_before = work[:, 3].clone()
+
+    ref, _ = case.reference(case.q)
+    lowp, _ = case.reference(case.q, compute_dtype=torch.bfloat16)
+    outs = []
+    for launch in (1, 2):
+        outs.append(_launch(plan, case, case.q, num_ctas))
+        visits = (work[:, 3] - costs_before) / launch
+        missed = (visits < 1).nonzero().flatten().tolist()
+        repeated = (visits > 1).nonzero().flatten().tolist()
+        assert not missed and not repeated, (
+            f"launch {launch}: {len(missed)} tiles never ran (first {missed[:8]}), "
+            f"{len(repeated)} ran more than once (first {repeated[:8]}) of {work.shape[0]}"
+        )
+        checks.assert_attention_close(outs[-1], ref, lowp, cu_seqlens_q=case.cu_seqlens_q)
+        if config.persistent:
+            counters = [c for (dev, _), c in kernel_compile._TILE_COUNTERS.items()]
+            assert counters and all(int(c.abs().sum()) == 0 for c in counters), (
+                "the tile counter was not reset by the last CTA"
+            )
+    assert torch.equal(outs[0], outs[1]), "reruns differ"
