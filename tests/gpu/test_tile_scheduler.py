@@ -21,6 +21,8 @@ SCHEDULERS = [
     "base",
     "persistent",
     "overlap+pingpong+persistent+softmax_per_arm",
+    "persistent+q_prefetch",
+    "overlap+pingpong+persistent+q_prefetch+softmax_per_arm",
 ]
 
 # (specs, Hq, Hkv, num_ctas: None = min(tiles, SMs))

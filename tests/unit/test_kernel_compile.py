@@ -96,6 +96,9 @@ def test_config_spellings_roundtrip(monkeypatch):
     key = KernelKey("bfloat16", 128, 16, 4)
     assert "needs 'overlap'" in KernelConfig.parse("softmax_per_arm").unsupported_reason(key)
     assert KernelConfig.parse("overlap+persistent+softmax_per_arm").unsupported_reason(key) is None
+    assert "needs 'persistent'" in KernelConfig.parse("q_prefetch").unsupported_reason(key)
+    both = KernelConfig.parse("smem_epilogue+persistent+q_prefetch")
+    assert "exclude each other" in both.unsupported_reason(key)
 
 
 def test_serving_configs_by_page_size_and_batch():

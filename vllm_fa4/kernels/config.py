@@ -100,6 +100,10 @@ class KernelConfig:
     # (L2-section, LPT) order as they become free (tile_scheduler.TileQueue); the producer
     # loads the next tile's K/V while the consumers finish the current one.
     persistent: bool = False
+    # With persistent: a warpgroup takes its next tile from the queue as soon as its last
+    # Q K^T of the tile has completed and starts that tile's Q copies, which then land under
+    # the last P V and the epilogue instead of stalling the next tile's start.
+    q_prefetch: bool = False
     # With overlap: the softmax sits in both arms of the causal-mask branch, which keeps
     # ptxas from hoisting the P V wgmma wait above it (fwd_sm90.softmax_block).
     softmax_per_arm: bool = False
@@ -151,6 +155,10 @@ class KernelConfig:
 
     def unsupported_reason(self, key: KernelKey) -> str | None:
         """Why this config cannot build ``key``'s kernel, or None."""
+        if self.q_prefetch and not self.persistent:
+            return "flag 'q_prefetch' needs 'persistent'"
+        if self.q_prefetch and self.smem_epilogue:
+            return "flags 'q_prefetch' and 'smem_epilogue' exclude each other (both use sQ)"
         if self.softmax_per_arm and not self.overlap:
             return "flag 'softmax_per_arm' needs 'overlap'"
         if self.kv_stages not in (2, 3):

@@ -327,11 +327,27 @@ class Sm90PagedPrefill:
             queue_state = pipeline.make_pipeline_state(user, TILE_QUEUE_STAGES)
             # Bound methods: the DSL's while would try to carry `queue` itself.
             claim, publish, receive = queue.claim, queue.publish, queue.receive
+            if cutlass.const_expr(self.cfg.q_prefetch and not is_producer):
+                mQ, sQ, tidx = role_args[0], role_args[3], role_args[-1]
+                wg = cute.arch.make_warp_uniform(tidx // 128)
+                if tile < num_tiles:  # a grid larger than the list (tests) has idle CTAs
+                    self.issue_q(tile_work(*tile_args, tile), mQ, sQ, tidx, wg)
             while tile < num_tiles:
                 if cutlass.const_expr(is_producer):
                     claimed = claim()  # in flight while this tile's loads issue
                     state = role(tile_work(*tile_args, tile), *role_args, state)
                     tile, queue_state = publish(claimed, queue_state)
+                elif cutlass.const_expr(self.cfg.q_prefetch):
+                    done = tile
+                    state, tile, queue_state = role(
+                        tile_work(*tile_args, tile),
+                        *role_args,
+                        state,
+                        receive,
+                        queue_state,
+                        tile_args,
+                    )
+                    self._count_visit(tile_args[0], done)
                 else:
                     state = role(tile_work(*tile_args, tile), *role_args, state)
                     self._count_visit(tile_args[0], tile)
@@ -434,8 +450,15 @@ class Sm90PagedPrefill:
     # ---------------------------------------------------------------- consumer
     @cute.jit
     def load_q(self, work, mQ: cute.Tensor, sQ: cute.Tensor, tidx: Int32, wg: Int32):
-        """cp.async this warpgroup's 64 packed rows of Q; rows past the request are skipped
-        (their S/O rows are garbage but never stored, and rows never mix)."""
+        """Load this warpgroup's 64 packed rows of Q into sQ and wait for them."""
+        self.issue_q(work, mQ, sQ, tidx, wg)
+        self.wait_q(wg)
+
+    @cute.jit
+    def issue_q(self, work, mQ: cute.Tensor, sQ: cute.Tensor, tidx: Int32, wg: Int32):
+        """cp.async this warpgroup's 64 packed rows of Q (one commit group, not waited for);
+        rows past the request are skipped (their S/O rows are garbage but never stored, and
+        rows never mix)."""
         if cutlass.const_expr(self.cfg.persistent):
             wg_sync(wg)  # the WG's last reads of sQ (GEMMs, staged epilogue) are done
         lanes_per_row = self.head_dim // 8  # 16 B each
@@ -457,9 +480,23 @@ class Sm90PagedPrefill:
                     src = cute.local_tile(mQ[tok, head, None], (8,), (coord[1] // 8,))
                     cute.copy(atom, src, tQs[None, m, k])
         cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def wait_q(self, wg: Int32):
+        """Wait for this thread's Q copies, then for the whole warpgroup's."""
         cute.arch.cp_async_wait_group(0)
         cute.arch.fence_view_async_shared()
         wg_sync(wg)
+
+    @cute.jit
+    def prefetch_next_q(self, receive, queue_state, tile_args, mQ, sQ, tidx: Int32, wg: Int32):
+        """`q_prefetch`: once this tile's last Q K^T has completed, take the next tile from the
+        queue and start its Q copies, so they land under this tile's last P V and epilogue.
+        Returns (next tile, queue state)."""
+        next_tile, queue_state = receive(queue_state)
+        if next_tile < tile_args[0].shape[0]:
+            self.issue_q(tile_work(*tile_args, next_tile), mQ, sQ, tidx, wg)
+        return next_tile, queue_state
 
     @cute.jit
     def zero_v_tail(self, sV: cute.Tensor, stage: Int32, first_row: Int32, tidx: Int32, wg):
@@ -520,8 +557,15 @@ class Sm90PagedPrefill:
         scale_log2: Float32,
         tidx: Int32,
         state,
+        receive=None,
+        queue_state=None,
+        tile_args=None,
     ):
-        """One tile: Q load, all KV blocks, epilogue; returns the advanced pipeline state."""
+        """One tile: Q load, all KV blocks, epilogue; returns the advanced pipeline state.
+
+        With `q_prefetch` this tile's Q was issued by the previous tile (or before the first);
+        the next tile is taken from the queue (`receive`) mid-tile and the call returns
+        (state, next tile, queue state)."""
         wg = cute.arch.make_warp_uniform(tidx // 128)
         thr_qk = tiled_mma_qk.get_slice(tidx)
         thr_pv = tiled_mma_pv.get_slice(tidx)
@@ -543,7 +587,11 @@ class Sm90PagedPrefill:
         tScS = thr_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
         num_rows = cute.size(acc_rows_view(acc_O), mode=[0])
 
-        self.load_q(work, mQ, sQ, tidx, wg)
+        if cutlass.const_expr(self.cfg.q_prefetch):
+            self.wait_q(wg)
+        else:
+            self.load_q(work, mQ, sQ, tidx, wg)
+        next_tile = Int32(0)  # q_prefetch only
 
         row_max = cute.make_rmem_tensor(num_rows, Float32)
         row_sum = cute.make_rmem_tensor(num_rows, Float32)
@@ -647,6 +695,10 @@ class Sm90PagedPrefill:
                     state.advance()
                     state_v.advance()
                     pipe_v.consumer_wait(state_v)
+            if cutlass.const_expr(self.cfg.q_prefetch):  # every Q K^T of the tile is done
+                next_tile, queue_state = self.prefetch_next_q(
+                    receive, queue_state, tile_args, mQ, sQ, tidx, wg
+                )
             if cutlass.const_expr(self.cfg.overlap or pp):
                 # The last block's P V, left in flight by both overlapped loops.
                 turn_wait(pp, wg)
@@ -654,6 +706,10 @@ class Sm90PagedPrefill:
                 turn_pass(pp, wg)
                 warpgroup.wait_group(0)
                 pipe_v.consumer_release(state_v)
+        elif cutlass.const_expr(self.cfg.q_prefetch):  # empty tile: nothing read sQ
+            next_tile, queue_state = self.prefetch_next_q(
+                receive, queue_state, tile_args, mQ, sQ, tidx, wg
+            )
 
         write_output(
             work,
@@ -673,4 +729,6 @@ class Sm90PagedPrefill:
             self.has_lse,
             self.cfg.smem_epilogue,
         )
+        if cutlass.const_expr(self.cfg.q_prefetch):
+            return state, next_tile, queue_state
         return state

@@ -33,6 +33,8 @@ ALL_CONFIGS = tuple(
         "overlap+pingpong+persistent",
         "overlap+pingpong+softmax_per_arm",
         "overlap+pingpong+persistent+softmax_per_arm",
+        "persistent+q_prefetch",
+        "overlap+pingpong+persistent+q_prefetch+softmax_per_arm",
     )
 )
 
