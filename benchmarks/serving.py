@@ -312,7 +312,9 @@ def tail(path: Path, lines: int = 40) -> str:
         return ""
 
 
-def wait_healthy(proc: subprocess.Popen, port: int, timeout_s: int) -> str | None:
+def wait_healthy(
+    proc: subprocess.Popen, port: int, timeout_s: float, poll_s: float = 3.0
+) -> str | None:
     """None once /health answers 200; else the reason it never will."""
     url, start = f"http://127.0.0.1:{port}/health", time.time()
     while time.time() - start < timeout_s:
@@ -324,8 +326,8 @@ def wait_healthy(proc: subprocess.Popen, port: int, timeout_s: int) -> str | Non
                     return None
         except OSError:
             pass
-        time.sleep(3)
-    return f"no /health after {timeout_s} s"
+        time.sleep(poll_s)
+    return f"no /health after {timeout_s:g} s"
 
 
 def run_logged(cmd: list[str], log_path: Path, timeout_s: int) -> int | str:

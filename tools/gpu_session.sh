@@ -6,6 +6,11 @@
 # `pack` tars $OUT into $PACK (the device tool returns at most 8 files per call).
 # Multi-GPU runs: NVLink multicast is off on the lent machines, so vLLM's fused FlashInfer
 # all-reduce (auto-picks `mnnvl`, which needs multicast) is turned off for TP > 1 (servetp).
+# Serving soak (benchmarks/soak.py, docs/reliability.md), one backend per call (each call of
+# the device tool is limited to 10 minutes); results gather in $SOAK_OUT (default /tmp/soak,
+# kept while the machine stays warm) and the combined report is copied to $OUT:
+#   SOAK_BACKEND=FA4 bash tools/gpu_session.sh soak          # 5 min of load (SOAK_MINUTES)
+#   SOAK_BACKEND=FLASH_ATTN bash tools/gpu_session.sh soak   # merged with FA4's: soak.md
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu-check}"; mkdir -p "$OUT"
@@ -59,7 +64,25 @@ variant_tests() {  # the opt-in kernel variants on the bf16 hd 64/128 keys + edg
     -q -p no:cacheprovider -n 4 -k "${VARIANT_TESTS_K-not 256 and not dtype1 and not gqa}"
 }
 
-export OUT PY VLLM MODEL
+soak_cleanup() {  # a server left behind by a killed soak: its process group id is in a file
+  local f
+  for f in "$SOAK_OUT"/server-*.pgid; do
+    [ -f "$f" ] || continue
+    kill -KILL -- "-$(cat "$f")" 2> /dev/null && echo "killed the leftover server group $(cat "$f")"
+    rm -f "$f"
+  done
+}
+
+soak_copy() {  # the soak's report (and this backend's files) where the device tool returns them
+  cp "$SOAK_OUT"/soak.md "$SOAK_OUT"/soak.json "$OUT"/ 2> /dev/null
+  [ -n "${1:-}" ] && cp "$SOAK_OUT/soak-$1.json" "$SOAK_OUT/server-$1.log" "$OUT"/ 2> /dev/null
+  ls "$OUT"
+}
+
+SOAK_OUT="${SOAK_OUT:-/tmp/soak}"
+SOAK_MINUTES="${SOAK_MINUTES:-5}"  # whole minutes; over 5 needs a call longer than 10 minutes
+SOAK_LIMIT="${SOAK_LIMIT:-$((SOAK_MINUTES * 60 + 290))}"
+export OUT PY VLLM MODEL SOAK_OUT
 export -f install serve_check throughput_check variant_tests
 for s in "$@"; do
   case $s in
@@ -96,6 +119,12 @@ for s in "$@"; do
     pack) tar -C "$OUT" -czf "${PACK:?}" . && ls -la "$PACK" ;;
     smollm2) TAIL=60 step smollm2 560 $PY tests/e2e/smollm2_accuracy.py --out $OUT/smollm2 ;;
     serve) TAIL=60 step serve 420 serve_check ;;
+    soak) TAIL=80 step "soak-${SOAK_BACKEND:=FA4}" "$SOAK_LIMIT" $PY benchmarks/soak.py \
+        --backends "$SOAK_BACKEND" --minutes "$SOAK_MINUTES" --budget-s $((SOAK_LIMIT - 20)) \
+        --drain-timeout 60 --merge --out "$SOAK_OUT" ${SOAK_ARGS:-}
+      soak_cleanup; soak_copy "$SOAK_BACKEND" ;;
+    soakreport) TAIL=80 step soak-report 60 $PY benchmarks/soak.py --report-only --out "$SOAK_OUT"
+      soak_copy ;;
     throughput) step throughput 420 throughput_check ;;
     *) echo "unknown step $s" ;;
   esac

@@ -6,8 +6,9 @@ the file is located on sys.path without importing the package. It is converted o
 bf16 Hugging Face folder (model.safetensors without the tied lm_head, config.json, tokenizer).
 Each backend then runs vLLM's offline `LLM` in its own process (prefix caching on,
 max_num_batched_tokens 2048 so the long prompts go through chunked prefill): greedy
-generations for 6 prompts x 64 tokens, and prompt logprobs on two long texts. FA4 and
-FLASHINFER are each compared with FLASH_ATTN.
+generations for 6 prompts x 64 tokens, and prompt logprobs on two natural-language texts (an
+essay embedded below: its first three paragraphs, and all of it, which is longer than one
+prefill chunk). FA4 and FLASHINFER are each compared with FLASH_ATTN.
 
     python3 tests/e2e/smollm2_accuracy.py               # convert (once), run, compare
     python3 tests/e2e/smollm2_accuracy.py --dry-run     # show the GGUF, prompts and commands
@@ -70,12 +71,138 @@ PARAGRAPH_B = (
     "learns to read its bubbles, smell and texture. The acids it makes slow staling and give "
     "the bread its characteristic tang, while the long fermentation develops flavour. "
 )
-# (paragraph, target tokens, suffix) of the two long generation prompts and two logprob texts
+# (paragraph, target tokens, suffix) of the two long generation prompts
 LONG_GENERATION = [
     (PARAGRAPH_A, 2600, "\n\nSummarize the text above in one sentence."),
     (PARAGRAPH_B, 5200, "\n\nWhat is the text above about?"),
 ]
-LOGPROB_TEXTS = [(PARAGRAPH_B, 2635, ""), (PARAGRAPH_A, 5289, "")]
+# Prompt logprobs are taken on natural-language text, never a repeated paragraph: after its
+# first copy a repeated text is predicted almost exactly (logprobs near 0), which hides
+# attention errors. ESSAY was written for this check (eleven paragraphs of plain narrative prose,
+# about 1,900 words; no source text). The two logprob texts are its first three paragraphs
+# (about 540 words: one prefill chunk) and all of it (more than 2,048 tokens, so it crosses
+# max_num_batched_tokens: the second chunk attends to the first one's cached keys).
+ESSAY = (
+    "Below the village the river widens into a slow brown pool before it falls over the weir, "
+    "and it was there, in the year the old bridge was rebuilt, that I first learned how much a "
+    "small place can hold. The mill stood on the far bank, a tall house of grey stone with a "
+    "slate roof that sagged in the middle like the back of a tired horse. Its wheel had not "
+    "turned for twenty years, yet the miller's widow still kept the sluice gates greased, as "
+    "though she expected the work to come back one morning without warning. Children fished "
+    "from the footbridge with bent pins and bread paste, and on summer evenings the swallows "
+    "came down so low over the water that you could hear the small snap of their beaks as they "
+    "took the midges. Nobody in the village thought any of this remarkable. It was simply the "
+    "way the afternoon ended, as regular as the bell that rang for evening service and the "
+    "smell of woodsmoke that drifted up from the cottages when the air turned cool.\n\n"
+    "The river had its moods, and the people who lived beside it learned to read them the way "
+    "sailors read the sky. In March, when the snow melted on the hills, it rose overnight and "
+    "came down thick with mud, carrying branches, fence posts and once, memorably, a hen coop "
+    "with the hen still sitting on the roof of it, looking more offended than afraid. The "
+    "blacksmith's son waded out with a rake and brought the coop to the bank, and the hen was "
+    "returned to a farm three miles upstream, where the farmer declared that she had never "
+    "laid so well as she did after her voyage. In August the water shrank back between the "
+    "stones and grew warm and green, and the trout lay in the shade of the alders with their "
+    "noses to the current, moving only when a fly or a careless beetle touched the surface "
+    "above them. Old men leaned on the parapet of the bridge and argued about whether the fish "
+    "had been larger in their youth. They always agreed, in the end, that they had been.\n\n"
+    "There was a school of one room beside the church, and the schoolmaster, a thin and patient "
+    "man named Mr. Hale, believed that every child should be able to name the trees along the "
+    "river path before learning the capitals of Europe. On fine days he marched us out in a "
+    "line, pointing with his walking stick: this is ash, with its black buds like little "
+    "hooves; this is willow, which will grow from a stick pushed into wet ground; this is "
+    "hazel, whose nuts the squirrels will have long before you do. He made us draw the leaves "
+    "in pencil and write beside each drawing one true thing we had noticed ourselves. I "
+    "remember writing that the underside of a willow leaf is paler than the top, so that the "
+    "whole tree seems to change colour when the wind turns it over. Mr. Hale read it aloud to "
+    "the class and said that this was the beginning of science. I did not believe him then, "
+    "but I have come to think that he was right.\n\n"
+    "In the autumn the orchards above the village filled with pickers, and for three weeks the "
+    "lanes smelled of crushed apples and wet grass. Families came from the town with their own "
+    "baskets and ladders, and slept in barns or under canvas at the edge of the fields. At "
+    "night they built fires and sang songs that none of us had heard before, songs about ships "
+    "and harvests and girls who waited on harbour walls, and we crept as close as we dared to "
+    "listen. The farmers paid by the basket, and the fastest pickers could earn in a week what "
+    "a labourer earned in a month, though their hands were stained brown to the wrist and "
+    "their shoulders ached so badly that some of them could not lift a cup by the end of the "
+    "season. When the last cart had gone down to the cider press, the fields seemed suddenly "
+    "very large and very quiet, and the wasps, drunk on fallen fruit, blundered about the "
+    "grass until the first frost finished them.\n\n"
+    "Winter came slowly, as it does in low country, with a long season of fog before the cold "
+    "set in. The fog lay on the water meadows every morning until noon, and the cattle moved "
+    "through it like ships, only their backs showing above the white. Sound carried strangely: "
+    "you could hear a gate being shut on the far side of the valley as clearly as if it were "
+    "at your elbow, and yet lose a friend who was walking twenty paces ahead. When the frost "
+    "finally came, it came hard. The pool above the weir froze from the edges inward, and for "
+    "a few days each year it would bear the weight of a grown man. The rule was that no child "
+    "could go on the ice until the blacksmith had walked across it first, and so every year "
+    "there was a small crowd on the bank to watch him test it, stamping his heavy boots and "
+    "listening, with his head on one side, for the sound of a crack.\n\n"
+    "The blacksmith, whose name was Thomas Fell, was the nearest thing the village had to a "
+    "doctor, a lawyer and a weather prophet all at once. He pulled teeth, set the bones of dogs "
+    "and occasionally of people, witnessed wills, and could tell you from the colour of the "
+    "sunset whether there would be rain by morning. He was not always right about the rain, "
+    "but he was never in doubt, and that, my grandmother said, was worth nearly as much. His "
+    "forge stood at the crossroads, and in cold weather it was the warmest place in the "
+    "parish, so that there was generally a circle of idle men around the door, holding their "
+    "hands to the heat and offering advice that he had not asked for. He worked through their "
+    "talk without seeming to hear it, turning the iron in the coals, and only now and then "
+    "would he look up and say something so dry and so exactly aimed that the whole circle fell "
+    "silent for a moment before the laughter came.\n\n"
+    "My grandmother herself kept bees, eleven hives in a row along the bottom of the garden, "
+    "and she talked to them as she would have talked to neighbours. When anyone in the family "
+    "was born, married or buried, she went down the row and told each hive the news in a low "
+    "voice, because she said that bees who were not told would take offence and leave. I "
+    "thought this a charming superstition until I was old enough to help her with the hives "
+    "and saw how carefully she watched them: the way they flew in the morning, the sound they "
+    "made inside the boxes, the pollen on their legs, which was orange from the crocuses in "
+    "spring and pale from the clover in June. She knew more about the weather, the flowers and "
+    "the health of her bees from ten minutes at the hives than most people could have learned "
+    "from a book. Telling them the news, I think now, was mostly an excuse to stand still and "
+    "pay attention.\n\n"
+    "Change came to the village the way the spring floods came, a little at a time and then "
+    "all at once. First the railway was extended along the valley, and a halt was built two "
+    "miles away, with a wooden platform and a lamp that a porter lit at dusk. Then the young "
+    "men began to take the train to the town for work, coming home on Saturday nights with new "
+    "boots and newspapers and opinions. The shop started to sell tinned fish and coloured "
+    "postcards. A motor car appeared one summer on the road from the hill, frightening every "
+    "horse in the parish, and within ten years there were a dozen of them, and the blacksmith "
+    "had painted a sign over his door that offered repairs of all kinds. Nobody decided any of "
+    "this. It happened the way water finds its level, and the people who complained about it "
+    "most loudly were often the first to take advantage of it.\n\n"
+    "The mill was the last thing to change. After the widow died, the building stood empty for "
+    "several years, and the ivy climbed over the windows and the wheel rusted where it hung. "
+    "Then a company from the town bought it, cleared out the old machinery and fitted a small "
+    "turbine in the race, so that the river that had once ground corn for the whole valley now "
+    "made electric light for the houses along the main street. I was away by then, but my "
+    "mother wrote to tell me about the evening the lights were first switched on. Half the "
+    "village stood in the road to watch, she said, and when the bulbs came on there was a "
+    "moment of complete silence before someone began to clap. Mr. Hale, who was very old by "
+    "then, was heard to remark that it was still the same river doing the work, and that he "
+    "hoped people would not forget it.\n\n"
+    "There was one great flood in my childhood, in a February when the rain fell for eleven "
+    "days without stopping. The river came over the meadows, then over the lane, then into the "
+    "lower cottages, and the families carried their furniture up the stairs and watched from "
+    "the bedroom windows as the water rose past the gateposts. The blacksmith rowed a borrowed "
+    "boat from door to door with bread and lamp oil, and Mr. Hale kept the school open so that "
+    "the children from the flooded houses would have somewhere warm and dry to sit. When the "
+    "water at last went down it left a line of mud along every wall, a drowned sheep in the "
+    "churchyard and a great deal of argument about whose fault it had been. The following "
+    "summer the parish raised the bank above the weir by two feet, and every man in the village "
+    "took a turn with a spade. For years afterwards the older ones would point to that bank "
+    "and say, with some pride, which part of it they had built.\n\n"
+    "I went back many years later, on a wet afternoon in October, and walked the river path "
+    "from the church to the weir. Much was as I remembered it and much was not. The school had "
+    "become a house with a blue door, the forge was a garage, and the orchards on the hill had "
+    "been grubbed up and sown with wheat. But the alders still leaned over the water, the trout "
+    "still hung in the shade beneath them, and the pool above the weir was the same slow brown "
+    "it had always been. A boy was fishing from the footbridge, with a proper rod rather than a "
+    "bent pin, and he told me without looking up that the fish were smaller than they used to "
+    "be. I told him that they always had been, and he looked at me as though I were mad, and "
+    "then, after a moment, he laughed. I walked on to the mill, where the turbine hummed "
+    "behind its new door, and stood for a while listening to the water going over the weir, "
+    "which is a sound that does not change.\n"
+)
+LOGPROB_TEXTS = ["\n\n".join(ESSAY.split("\n\n")[:3]), ESSAY]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -169,7 +296,7 @@ def build_spec(model_dir: Path) -> dict:
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     gen = SHORT_PROMPTS + [repeat_to_tokens(tok, *x) for x in LONG_GENERATION]
-    texts = [repeat_to_tokens(tok, *x) for x in LOGPROB_TEXTS]
+    texts = list(LOGPROB_TEXTS)
     count = lambda s: len(tok(s)["input_ids"])  # noqa: E731
     return {
         "model_dir": str(model_dir),

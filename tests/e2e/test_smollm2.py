@@ -7,7 +7,9 @@ not found. A few minutes: one GGUF conversion and one vLLM engine per backend.
 
 Bounds, from docs/benchmarks.md (H200, 2026-11-21): FA4's mean |Δ logprob| against FLASH_ATTN
 was 0.0024 and 0.0016 on the two texts, FLASHINFER's (the spread between two correct backends)
-0.0015 and 0.0011; perplexities differed by at most 0.02% for both.
+0.0015 and 0.0011; perplexities differed by at most 0.02% for both. Those were measured on the
+earlier logprob texts (a repeated paragraph); the texts are now a natural-language essay
+(smollm2_accuracy.ESSAY), with the same bounds, not yet run on a GPU.
 """
 
 from __future__ import annotations

@@ -449,6 +449,27 @@ def test_smollm2_comparisons():
     assert smollm2.greedy_cell(c) == "1 identical; 1 diverge after 1 chars"
 
 
+def test_smollm2_logprob_texts_are_natural_language():
+    import re
+
+    short, full = smollm2.LOGPROB_TEXTS
+    assert full == smollm2.ESSAY and full.startswith(short) and len(short) < len(full) / 2
+    paragraphs = full.strip().split("\n\n")
+    assert len(paragraphs) == 11 and len(set(paragraphs)) == len(paragraphs)
+    sentences = [s for s in re.split(r"(?<=[.!?])\s+", full) if len(s.split()) > 3]
+    assert len(sentences) > 60 and len(set(sentences)) == len(sentences)  # nothing repeated
+    assert 500 < len(short.split()) < 700 and len(full.split()) > 1800  # > 2048 tokens
+    words = re.findall(r"[a-z']+", full.lower())
+    assert len(set(words)) / len(words) > 0.3  # prose, not a loop of a few words
+
+
+def test_smollm2_spec_uses_the_texts_as_they_are(tmp_path):
+    pytest.importorskip("transformers")
+    spec = smollm2.build_spec(ROOT / "configs" / "llama-3.1-8b")  # any tokenizer: plumbing only
+    assert spec["logprob_texts"] == list(smollm2.LOGPROB_TEXTS)
+    assert len(spec["logprob_text_tokens"]) == 2 and len(spec["prompts"]) == 6
+
+
 def test_smollm2_dry_run(capsys, tmp_path):
     assert smollm2.main(["--dry-run", "--out", str(tmp_path), "--smol-site", str(tmp_path)]) == 0
     out = capsys.readouterr().out
