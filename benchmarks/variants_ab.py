@@ -17,7 +17,6 @@ import statistics
 
 import torch
 from triton.testing import do_bench
-from vllm.vllm_flash_attn import flash_attn_varlen_func
 
 from vllm_fa4 import envs
 from vllm_fa4.kernels.compile import prefill_forward
@@ -58,24 +57,7 @@ def parse_contender(text: str) -> tuple[KernelConfig | None, dict]:
 
 def fa3_call(case, out=None):
     """vLLM's FA3 on a testing.cases PagedCase (the baseline of every ratio)."""
-
-    def fn():
-        flash_attn_varlen_func(
-            case.q,
-            case.k_cache,
-            case.v_cache,
-            max_seqlen_q=case.max_seqlen_q,
-            cu_seqlens_q=case.cu_seqlens_q,
-            max_seqlen_k=case.max_seqlen_k,
-            seqused_k=case.seqused_k,
-            softmax_scale=case.softmax_scale,
-            causal=True,
-            block_table=case.page_table,
-            fa_version=3,
-            out=out,
-        )
-
-    return fn
+    return lambda: case.fa3(out)
 
 
 def ours_call(case, plan, out):

@@ -184,24 +184,7 @@ def _sync() -> None:
 
 
 def _fa3(q, k_cache, v_cache, case):
-    from vllm.vllm_flash_attn import flash_attn_varlen_func
-
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    flash_attn_varlen_func(
-        q,
-        k_cache,
-        v_cache,
-        max_seqlen_q=case.max_seqlen_q,
-        cu_seqlens_q=case.cu_seqlens_q,
-        max_seqlen_k=case.max_seqlen_k,
-        seqused_k=case.seqused_k,
-        softmax_scale=case.softmax_scale,
-        causal=True,
-        block_table=case.page_table,
-        fa_version=3,
-        out=out,
-    )
-    return out
+    return case.fa3(torch.empty(q.shape, dtype=q.dtype, device=q.device), q, k_cache, v_cache)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -525,19 +525,17 @@ class Sm90PagedPrefill:
         block that holds the softmax, so the softmax no longer overlaps that GEMM (ncu, 8kx2
         p128: 15 % of warp samples on the wait); with the softmax in the arms the wait stays
         after it, at the join."""
-        if cutlass.const_expr(self.cfg.softmax_per_arm):
-            if n_block >= work.n_block_mask:
-                apply_causal_mask(
-                    acc_S, tScS, n_block, work.first_token, diag, self.qhead_per_kvhead, self.tile_n
-                )
-                softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False)
-            else:
+        per_arm = self.cfg.softmax_per_arm
+        if n_block >= work.n_block_mask:
+            apply_causal_mask(
+                acc_S, tScS, n_block, work.first_token, diag, self.qhead_per_kvhead, self.tile_n
+            )
+            if cutlass.const_expr(per_arm):
                 softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False)
         else:
-            if n_block >= work.n_block_mask:
-                apply_causal_mask(
-                    acc_S, tScS, n_block, work.first_token, diag, self.qhead_per_kvhead, self.tile_n
-                )
+            if cutlass.const_expr(per_arm):
+                softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False)
+        if cutlass.const_expr(not per_arm):
             softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False)
 
     @cute.jit

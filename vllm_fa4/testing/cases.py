@@ -97,6 +97,27 @@ class PagedCase:
             **options,
         )
 
+    def fa3(self, out: torch.Tensor, q=None, k_cache=None, v_cache=None) -> torch.Tensor:
+        """vLLM's FA3 (the baseline of every ratio) on this case into ``out``; ``q`` and the
+        cache views override the case's own (e.g. a cache copy with the NaN slots zeroed)."""
+        from vllm.vllm_flash_attn import flash_attn_varlen_func
+
+        flash_attn_varlen_func(
+            self.q if q is None else q,
+            self.k_cache if k_cache is None else k_cache,
+            self.v_cache if v_cache is None else v_cache,
+            max_seqlen_q=self.max_seqlen_q,
+            cu_seqlens_q=self.cu_seqlens_q,
+            max_seqlen_k=self.max_seqlen_k,
+            seqused_k=self.seqused_k,
+            softmax_scale=self.softmax_scale,
+            causal=True,
+            block_table=self.page_table,
+            fa_version=3,
+            out=out,
+        )
+        return out
+
     def new_out(self, poison: bool = True) -> torch.Tensor:
         """An output buffer [total_q, Hq, D] in q's dtype, NaN-filled so unwritten rows show."""
         fill = float("nan") if poison else 0.0
