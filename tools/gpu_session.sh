@@ -9,6 +9,7 @@
 # Serving soak (benchmarks/soak.py, docs/reliability.md), one backend per call (each call of
 # the device tool is limited to 10 minutes); results gather in $SOAK_OUT (default /tmp/soak,
 # kept while the machine stays warm) and the combined report is copied to $OUT:
+#   bash tools/gpu_session.sh jitwarm                      # once per fresh machine, first
 #   SOAK_BACKEND=FA4 bash tools/gpu_session.sh soak          # 5 min of load (SOAK_MINUTES)
 #   SOAK_BACKEND=FLASH_ATTN bash tools/gpu_session.sh soak   # merged with FA4's: soak.md
 set -uo pipefail
@@ -119,6 +120,10 @@ for s in "$@"; do
     pack) tar -C "$OUT" -czf "${PACK:?}" . && ls -la "$PACK" ;;
     smollm2) TAIL=60 step smollm2 560 $PY tests/e2e/smollm2_accuracy.py --out $OUT/smollm2 ;;
     serve) TAIL=60 step serve 420 serve_check ;;
+    # FlashInfer JIT-builds its sampling module (~95 s, 16 cores) the first time any vLLM
+    # server samples on a fresh machine (docs/reliability.md); build it once, outside the
+    # soak's time budget, so neither backend's 5 minutes of load get shortened by it.
+    jitwarm) step flashinfer-jit 300 $PY -c "'import flashinfer.sampling as s; s.get_sampling_module()'" ;;
     soak) TAIL=80 step "soak-${SOAK_BACKEND:=FA4}" "$SOAK_LIMIT" $PY benchmarks/soak.py \
         --backends "$SOAK_BACKEND" --minutes "$SOAK_MINUTES" --budget-s $((SOAK_LIMIT - 20)) \
         --drain-timeout 60 --merge --out "$SOAK_OUT" ${SOAK_ARGS:-}

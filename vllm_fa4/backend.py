@@ -25,6 +25,7 @@ from vllm_fa4.kernels.config import (
     SUPPORTED_HEAD_DIMS,
     SUPPORTED_PAGE_SIZES,
     KernelKey,
+    ModelFeatures,
     dtype_name,
     serving_configs,
 )
@@ -72,6 +73,13 @@ class FA4AttentionBackend(AttentionBackend):
     @classmethod
     def supports_compute_capability(cls, capability) -> bool:
         return capability.major == 9
+
+    # Sinks (and the soft cap, which vLLM does not ask about here): our prefill kernel, FA3's
+    # decode, same settings. The sliding window stays refused until its GPU matrix passes
+    # (docs/perf-notes.md, session 4: one window case unexplained).
+    @classmethod
+    def supports_sink(cls) -> bool:
+        return True
 
     @classmethod
     def validate_configuration(cls, *args, **kwargs) -> list[str]:
@@ -138,8 +146,6 @@ class FA4AttentionImpl(FlashAttentionImpl):
         unsupported = {
             "ALiBi": alibi_slopes is not None,
             "sliding window": sliding_window is not None,
-            "logits soft cap": bool(logits_soft_cap),
-            "attention sinks": sinks is not None,
             f"attention type {attn_type}": attn_type != AttentionType.DECODER,
             f"kv_cache_dtype {kv_cache_dtype}": kv_cache_dtype
             not in ("auto", "float16", "bfloat16"),
@@ -154,15 +160,29 @@ class FA4AttentionImpl(FlashAttentionImpl):
             scale,
             num_kv_heads,
             None,
-            None,
+            sliding_window,
             kv_cache_dtype,
-            None,
+            logits_soft_cap,
             attn_type,
             kv_sharing_target_layer_name,
+            sinks=sinks,
         )
         if self.dcp_world_size > 1:
             raise NotImplementedError(_reason("decode context parallelism"))
         self.supports_quant_query_input = False
+        # The metadata builder reads these to pick the kernel key of the layer's group.
+        self.model_features = ModelFeatures(
+            window_left=None if sliding_window is None else sliding_window - 1,
+            softcap=float(logits_soft_cap) if logits_soft_cap else None,
+            sinks=sinks is not None,
+        )
+
+    def _sinks_fp32(self) -> torch.Tensor | None:
+        """The sink logits as the kernel reads them (fp32); read per call, since the weights
+        load (and may reload) after construction."""
+        if self.sinks is None or self.sinks.dtype == torch.float32:
+            return self.sinks
+        return self.sinks.float()
 
     def forward(
         self,
@@ -186,6 +206,11 @@ class FA4AttentionImpl(FlashAttentionImpl):
         if metadata.prefill is not None:  # rows after the decodes; K/V already in the cache
             start = metadata.num_decode_tokens
             stop = start + metadata.prefill.num_tokens
+            if metadata.prefill.window_left != self.model_features.window_left:
+                raise RuntimeError(  # the builder's group would disagree with this layer
+                    f"FA4: the prefill plan's window ({metadata.prefill.window_left}) is not "
+                    f"this layer's ({self.model_features.window_left})"
+                )
             k_cache, v_cache = split_kv_cache(kv_cache, self.head_size)
             run_prefill(
                 metadata.prefill,
@@ -194,5 +219,7 @@ class FA4AttentionImpl(FlashAttentionImpl):
                 v_cache,
                 output[start:stop],
                 softmax_scale=self.scale,
+                softcap=self.model_features.softcap,
+                sinks=self._sinks_fp32(),
             )
         return output

@@ -25,7 +25,7 @@ from vllm_fa4.compat import (
     prefill_seq_lens_cpu,
     split_decodes_and_prefills,
 )
-from vllm_fa4.kernels.config import KernelKey, serving_configs
+from vllm_fa4.kernels.config import KernelKey, ModelFeatures, serving_configs
 from vllm_fa4.paged_prefill import PrefillPlan, plan_prefill, select_route
 
 logger = logging.getLogger("vllm_fa4")
@@ -65,6 +65,7 @@ class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
         if getattr(kv_cache_spec, "head_size_v", head_size) != head_size:
             raise NotImplementedError("FA4: different K and V head sizes are not supported")
         self.num_kv_heads = kv_cache_spec.num_kv_heads
+        self.features = group_features(vllm_config, layer_names, kv_cache_spec)
         # The one key and config of this layer group: warmup compiles exactly what every
         # step's plan will launch, so nothing compiles while serving.
         self.kernel_key = KernelKey.for_layer(
@@ -73,6 +74,7 @@ class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
             kv_cache_spec.block_size,
             model_config.get_num_attention_heads(parallel),
             self.num_kv_heads,
+            **self.features.key_flags(),
         )
         # VLLM_FA4_VARIANT fixes one config; unset, the plan picks per batch among the
         # measured defaults (short batches: persistent grid). All are compiled at startup.
@@ -149,7 +151,37 @@ class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
             cu_seqlens_q=cm.query_start_loc[nd : num_reqs + 1] - num_decode_tokens,
             seqused_k=cm.seq_lens[nd:num_reqs],
             page_table=cm.block_table_tensor[nd:num_reqs],
+            window_left=self.features.window_left,
         )
 
     def use_cascade_attention(self, *args, **kwargs) -> bool:
         return False
+
+
+def group_features(vllm_config, layer_names, kv_cache_spec) -> ModelFeatures:
+    """The sliding window, soft cap and sinks of one KV-cache group's layers (one kernel key
+    per group, so they must agree). Layers come from vLLM's forward context; the window is
+    also cross-checked against a sliding-window cache spec."""
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+    from vllm.v1.attention.backends.utils import get_layers_from_vllm_config
+
+    layers = get_layers_from_vllm_config(vllm_config, AttentionLayerBase, layer_names)
+    found = {getattr(layer.impl, "model_features", None) for layer in layers.values()}
+    found.discard(None)
+    spec_window = getattr(kv_cache_spec, "sliding_window", None)
+    if len(found) > 1:
+        raise NotImplementedError(
+            f"FA4: the layers of one KV-cache group differ in sliding window, soft cap or "
+            f"sinks ({sorted(map(str, found))}); use FLASH_ATTN for this model"
+        )
+    features = (
+        found.pop()
+        if found
+        else ModelFeatures(window_left=None if spec_window is None else spec_window - 1)
+    )
+    if spec_window is not None and features.window_left != spec_window - 1:
+        raise NotImplementedError(
+            f"FA4: the cache spec's sliding window {spec_window} is not the layers' "
+            f"(window_left {features.window_left})"
+        )
+    return features

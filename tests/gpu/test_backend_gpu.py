@@ -51,6 +51,20 @@ class _Layer(torch.nn.Module):
         self._q_scale_float = self._k_scale_float = self._v_scale_float = 1.0
 
 
+def _register_layer(config, name, impl):
+    """The layer in vLLM's forward context, where the builders find its impl's settings: an
+    ``Attention`` (FA3's builder reads the sliding window of ``Attention`` layers only, for
+    its ahead-of-time schedule) built without its constructor."""
+    from vllm.model_executor.layers.attention import Attention
+
+    class _ContextLayer(Attention):
+        def __init__(self):
+            torch.nn.Module.__init__(self)
+            self.impl = impl
+
+    config.compilation_config.static_forward_context[name] = _ContextLayer()
+
+
 def _common_metadata(case):
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
@@ -70,19 +84,35 @@ def _common_metadata(case):
     )
 
 
-def _run_backend(backend_cls, config, case, cm, new_k, new_v):
-    from vllm.v1.kv_cache_interface import FullAttentionSpec
+def _run_backend(backend_cls, config, case, cm, new_k, new_v, layer="layer.0"):
+    """One layer of ``backend_cls`` on the case; the case's window / soft cap / sinks become
+    the impl's arguments and the cache spec, as vLLM passes them for such a model."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
-    spec = FullAttentionSpec(
+    shape = dict(
         block_size=case.page_size,
         num_kv_heads=case.num_kv_heads,
         head_size=case.head_dim,
         dtype=case.dtype,
     )
-    builder = backend_cls.get_builder_cls()(spec, ["layer.0"], config, torch.device("cuda"))
+    window = None if case.window_left is None else case.window_left + 1  # vLLM's spelling
+    if window is None:
+        spec = FullAttentionSpec(**shape)
+    else:
+        spec = SlidingWindowSpec(**shape, sliding_window=window)
     impl = backend_cls.get_impl_cls()(
-        case.num_q_heads, case.head_dim, case.softmax_scale, case.num_kv_heads, None, None, "auto"
+        case.num_q_heads,
+        case.head_dim,
+        case.softmax_scale,
+        case.num_kv_heads,
+        None,
+        window,
+        "auto",
+        logits_soft_cap=case.softcap,
+        sinks=None if case.sinks is None else case.sinks.to(torch.bfloat16),  # FA3: bf16 only
     )
+    _register_layer(config, layer, impl)
+    builder = backend_cls.get_builder_cls()(spec, [layer], config, torch.device("cuda"))
     md = builder.build(0, cm)
     kv_cache = case.kv_cache.clone().permute(0, 2, 1, 3)  # vLLM's logical (N, Hkv, page, 2D)
     layer = _Layer()
@@ -104,6 +134,26 @@ def _random_specs(rng, num_decodes, num_prefills):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_fa4_matches_flash_attn_on_random_batches(vllm_config_for, seed):
+    _compare_with_flash_attn(vllm_config_for, seed, {})
+
+
+@pytest.mark.parametrize(
+    "seed, features",
+    [
+        # The sliding window is refused in serving for now (backend.py); its kernel tests
+        # are in test_model_features.py. Add (window_left=127) and Gemma 2's 4k window back
+        # here when it is enabled.
+        (1, dict(softcap=50.0)),  # Gemma 2's cap
+        (2, dict(sinks=True)),
+        (3, dict(softcap=5.0, sinks=True)),
+        (4, dict(softcap=5.0)),
+    ],
+)
+def test_model_features_match_flash_attn(vllm_config_for, seed, features):
+    _compare_with_flash_attn(vllm_config_for, seed, features)
+
+
+def _compare_with_flash_attn(vllm_config_for, seed, features):
     from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
 
     from vllm_fa4.backend import FA4AttentionBackend
@@ -117,7 +167,7 @@ def test_fa4_matches_flash_attn_on_random_batches(vllm_config_for, seed):
     num_decodes = [0, 3, 5, 0, 2, 8][seed]
     specs = _random_specs(rng, num_decodes, rng.randint(1, 4))
     config = vllm_config_for(hq, hkv, d, page)
-    case = make_paged_case(specs, hq, hkv, d, page, torch.bfloat16, "cuda", seed=seed)
+    case = make_paged_case(specs, hq, hkv, d, page, torch.bfloat16, "cuda", seed=seed, **features)
     # The new tokens' K/V, as the model would produce them; their cache slots start as NaN so
     # the test proves vLLM's cache write (do_kv_cache_update) happened before attention.
     flat = case.kv_cache.view(-1, hkv, 2 * d)

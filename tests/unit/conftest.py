@@ -1,7 +1,13 @@
 """vLLM config fixtures for CPU tests (device forced to "cpu")."""
 
+import os
+
 import pytest
 from vllm_configs import make_vllm_config, write_tiny_llama
+
+# Compile-only kernel tests target Hopper whatever the CuTe-DSL default (scripts/test.sh and
+# .ci/run set it too; this covers a bare `pytest tests/unit/test_cache.py`).
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ from vllm.platforms.interface import DeviceCapability  # noqa: E402
 from vllm.v1.attention.backend import AttentionType  # noqa: E402
 
 from vllm_fa4.backend import FA4AttentionBackend, FA4AttentionImpl  # noqa: E402
+from vllm_fa4.kernels.config import ModelFeatures  # noqa: E402
 
 HOPPER = DeviceCapability(9, 0)
 GOOD = dict(
@@ -54,7 +55,6 @@ def test_supported_configurations_pass(head_size, dtype, block_size):
     "changes, words",
     [
         (dict(has_sliding_window=True), "sliding window"),
-        (dict(has_sink=True), "sinks"),
         (dict(kv_cache_dtype="fp8"), "kv_cache_dtype"),
         (dict(head_size=96), "head_size"),
         (dict(dtype=torch.float32), "dtype"),
@@ -90,13 +90,43 @@ IMPL_ARGS = dict(
 )
 
 
+def test_sinks_pass_backend_selection():
+    assert reasons(has_sink=True) == []
+    assert reasons(has_sink=True, head_size=64, block_size=128) == []
+
+
+@pytest.mark.parametrize(
+    "changes, features",
+    [
+        ({}, ModelFeatures()),
+        (dict(logits_soft_cap=30.0), ModelFeatures(softcap=30.0)),
+        (dict(logits_soft_cap=0.0), ModelFeatures()),  # vLLM's "no cap"
+        (dict(sinks=torch.zeros(32)), ModelFeatures(sinks=True)),
+        (
+            dict(logits_soft_cap=50.0, sinks=torch.zeros(32)),
+            ModelFeatures(softcap=50.0, sinks=True),
+        ),
+    ],
+)
+def test_impl_takes_softcap_and_sinks_for_both_paths(monkeypatch, changes, features):
+    # FA3's sink support is probed from the GPU; this machine has none.
+    import vllm.v1.attention.backends.flash_attn as fa
+
+    monkeypatch.setattr(fa, "flash_attn_supports_sinks", lambda: True, raising=False)
+    impl = FA4AttentionImpl(**{**IMPL_ARGS, **changes})
+    assert impl.model_features == features
+    # decode (FA3) sees the same settings: its (left, right) window and the cap
+    window = changes.get("sliding_window")
+    assert impl.sliding_window == ((-1, -1) if window is None else (window - 1, 0))
+    assert impl.logits_soft_cap == (changes.get("logits_soft_cap") or 0)
+    assert (impl.sinks is None) == ("sinks" not in changes)
+
+
 @pytest.mark.parametrize(
     "changes, words",
     [
         (dict(alibi_slopes=[0.5] * 32), "ALiBi"),
         (dict(sliding_window=4096), "sliding window"),
-        (dict(logits_soft_cap=30.0), "soft cap"),
-        (dict(sinks=torch.zeros(32)), "sinks"),
         (dict(kv_cache_dtype="fp8"), "kv_cache_dtype"),
         (dict(attn_type=AttentionType.ENCODER), "attention type"),
     ],

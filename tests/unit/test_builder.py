@@ -169,3 +169,73 @@ def test_builder_declares_uniform_batch_graphs(vllm_config):
     support = FA4MetadataBuilder.get_cudagraph_support(vllm_config, None)
     assert support.value <= AttentionCGSupport.UNIFORM_BATCH.value
     assert support != AttentionCGSupport.NEVER
+
+
+def _register_layers(vllm_config, features_by_name):
+    """Attention layers in vLLM's forward context whose impls carry ``model_features``."""
+    from types import SimpleNamespace
+
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
+    class _Layer(AttentionLayerBase):
+        def __init__(self, features):
+            self.impl = SimpleNamespace(model_features=features)
+
+        def get_attn_backend(self):
+            raise NotImplementedError
+
+        def get_kv_cache_spec(self, vllm_config):
+            raise NotImplementedError
+
+    context = vllm_config.compilation_config.static_forward_context
+    for name, features in features_by_name.items():
+        context[name] = _Layer(features)
+
+
+def test_group_features_set_the_key_and_the_plan_window(vllm_config):
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    from vllm_fa4.kernels.config import ModelFeatures
+    from vllm_fa4.metadata import FA4MetadataBuilder
+
+    features = ModelFeatures(window_left=255, softcap=50.0, sinks=True)
+    _register_layers(vllm_config, {"w.0": features, "w.1": features})
+    spec = SlidingWindowSpec(
+        block_size=BLOCK, num_kv_heads=HKV, head_size=D, dtype=torch.bfloat16, sliding_window=256
+    )
+    builder = FA4MetadataBuilder(spec, ["w.0", "w.1"], vllm_config, torch.device("cpu"))
+    key = builder.kernel_key
+    assert (key.sliding_window, key.softcap, key.sinks) == (True, True, True)
+    md = builder.build(0, make_common([2048], [2048 + 16384]))
+    assert md.prefill.window_left == 255 and md.prefill.key == key
+    # the window caps the work: each tile visits at most 4 K/V tiles of 128 keys
+    assert int(md.prefill.work_tiles_cpu[:, 3].max()) <= 4
+
+
+def test_group_features_must_agree(vllm_config):
+    from vllm_fa4.kernels.config import ModelFeatures
+
+    _register_layers(vllm_config, {"a.0": ModelFeatures(window_left=127), "a.1": ModelFeatures()})
+    with pytest.raises(NotImplementedError, match="differ in sliding window"):
+        make_builder_for(vllm_config, ["a.0", "a.1"])
+
+
+def test_sliding_window_spec_without_layers_sets_the_window(vllm_config):
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    from vllm_fa4.metadata import FA4MetadataBuilder
+
+    spec = SlidingWindowSpec(
+        block_size=BLOCK, num_kv_heads=HKV, head_size=D, dtype=torch.bfloat16, sliding_window=4096
+    )
+    builder = FA4MetadataBuilder(spec, ["nolayer.0"], vllm_config, torch.device("cpu"))
+    assert builder.kernel_key.sliding_window and builder.features.window_left == 4095
+
+
+def make_builder_for(vllm_config, layer_names):
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    from vllm_fa4.metadata import FA4MetadataBuilder
+
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HKV, head_size=D, dtype=torch.bfloat16)
+    return FA4MetadataBuilder(spec, layer_names, vllm_config, torch.device("cpu"))

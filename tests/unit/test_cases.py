@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+import types
+
+import pytest
 import torch
 
 from vllm_fa4.testing.cases import PagedCase, make_paged_case
@@ -98,3 +102,65 @@ def test_seed_is_deterministic_and_new_out_is_poisoned():
     a, b = _case(seed=7), _case(seed=7)
     assert torch.equal(a.q, b.q) and torch.equal(a.block_table, b.block_table)
     assert torch.isnan(a.new_out()).all() and a.new_out().shape == a.q.shape
+
+
+def test_features_ride_along_key_plan_reference():
+    plain = _case()
+    c = _case(window_left=12, softcap=2.0, sinks=True)
+    assert (c.window_left, c.softcap) == (12, 2.0)
+    key = c.key
+    assert key.sliding_window and key.softcap and key.sinks
+    assert not (plain.key.sliding_window or plain.key.softcap or plain.key.sinks)
+    assert plain.window_left is None and plain.softcap is None and plain.sinks is None
+    # the features add nothing to the tensors every case draws
+    assert torch.equal(c.q, plain.q) and torch.equal(c.block_table, plain.block_table)
+    assert torch.equal(c.kv_cache.nan_to_num(0.0), plain.kv_cache.nan_to_num(0.0))
+    # sinks: seeded [Hq] float32 on the case's device, in [-2, 4], exact in bf16 (FA3's s_aux)
+    s = c.sinks
+    assert s.shape == (8,) and s.dtype == torch.float32 and s.device == c.q.device
+    assert (s >= -2).all() and (s <= 4).all() and len(set(s.tolist())) > 4
+    assert torch.equal(s.to(torch.bfloat16).float(), s)
+    assert torch.equal(_case(sinks=True).sinks, s) and not torch.equal(
+        _case(seed=4, sinks=True).sinks, s
+    )
+    # the plan takes the window (and its key); options still override
+    plan = c.plan()
+    assert plan.window_left == 12 and plan.key == key
+    assert plan.total_work <= plain.plan().total_work
+    # the reference uses all three; kwargs override them
+    out, lse = c.reference()
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    bare, bare_lse = c.reference(window_left=None, softcap=None, sinks=None)
+    ref, ref_lse = plain.reference()
+    assert torch.equal(bare, ref) and torch.equal(bare_lse, ref_lse)
+    assert (out - ref).abs().max() > 1e-2
+    assert c.features == dict(window_left=12, softcap=2.0, sinks=c.sinks)
+
+
+def test_feature_arguments_are_checked():
+    with pytest.raises(ValueError, match="window_left"):
+        _case(window_left=-1)
+    with pytest.raises(ValueError, match="softcap"):
+        _case(softcap=0.0)
+
+
+def test_fa3_gets_the_features_in_its_spelling(monkeypatch):
+    """FA3 cannot run here; a stand-in for vllm.vllm_flash_attn records the arguments."""
+    calls = []
+    fake = types.ModuleType("vllm.vllm_flash_attn")
+    fake.flash_attn_varlen_func = lambda *args, **kwargs: calls.append(kwargs)
+    monkeypatch.setitem(sys.modules, "vllm.vllm_flash_attn", fake)
+
+    plain = _case()
+    plain.fa3(plain.new_out())
+    assert calls[-1]["causal"] is True and calls[-1]["fa_version"] == 3
+    assert not {"window_size", "softcap", "s_aux"} & calls[-1].keys()
+
+    c = _case(window_left=5, softcap=30.0, sinks=True)
+    c.fa3(c.new_out())
+    kw = calls[-1]
+    assert kw["window_size"] == [5, 0] and kw["causal"] is True
+    assert kw["softcap"] == 30.0
+    s_aux = kw["s_aux"]
+    assert s_aux.dtype == torch.bfloat16 and s_aux.is_contiguous()  # FA3: bf16 [Hq] only
+    assert torch.equal(s_aux.float(), c.sinks)

@@ -42,6 +42,27 @@ def test_compile_key(key):
     assert compile_kernel(key, DEFAULT_CONFIG, has_lse=True) is not None
 
 
+# Issue 11's keys (sliding window, soft cap, sinks; alone and together) with every config
+# serving may pick for them, plus base (the non-overlapped loops), at both page regimes.
+FEATURE_KEYS = [
+    KernelKey("bfloat16", 128, 16, 4, sliding_window=True),
+    KernelKey("float16", 128, 128, 4, softcap=True),
+    KernelKey("bfloat16", 64, 16, 3, sinks=True),
+    KernelKey("bfloat16", 256, 128, 2, sliding_window=True, softcap=True, sinks=True),
+    KernelKey("bfloat16", 128, 128, 8, sliding_window=True, softcap=True, sinks=True),
+]
+
+
+@pytest.mark.parametrize("key", FEATURE_KEYS, ids=repr)
+def test_compile_model_feature_keys(key):
+    from vllm_fa4.kernels.compile import compile_kernel
+    from vllm_fa4.kernels.config import serving_configs
+
+    for config in (*serving_configs(key).all, DEFAULT_CONFIG):
+        for has_lse in (False, True):
+            assert compile_kernel(key, config, has_lse=has_lse) is not None
+
+
 # Every non-base config at the benchmark key; the combined variant also at the head-dim /
 # page / GQA extremes (smem epilogue lane layout per head dim, box splitting at page 128).
 VARIANT_CASES = [(c.spec, KernelKey("bfloat16", 128, 16, 4)) for c in ALL_CONFIGS[1:]] + [
@@ -101,16 +122,28 @@ def test_config_spellings_roundtrip(monkeypatch):
     assert "exclude each other" in both.unsupported_reason(key)
 
 
-def test_serving_configs_by_page_size_and_batch():
-    from vllm_fa4.kernels.config import OVERLAP_PINGPONG, PERSISTENT_OVERLAP, serving_configs
+def test_serving_configs_by_head_dim_page_size_and_batch():
+    from vllm_fa4.kernels.config import (
+        OVERLAP_PINGPONG,
+        PERSISTENT_OVERLAP,
+        PERSISTENT_OVERLAP_QPF,
+        serving_configs,
+    )
 
     assert PERSISTENT_OVERLAP.persistent and PERSISTENT_OVERLAP.overlap
-    for page in (16, 32, 64):  # one config for every batch
+    assert KernelConfig.parse(PERSISTENT_OVERLAP.spec + "+q_prefetch") == PERSISTENT_OVERLAP_QPF
+    for page in (16, 32, 64):  # head dim 128: q_prefetch for short batches only
         configs = serving_configs(KernelKey("bfloat16", 128, page, 4))
+        assert configs.all == (PERSISTENT_OVERLAP, PERSISTENT_OVERLAP_QPF)
+        assert configs.pick(100, 10**6) == PERSISTENT_OVERLAP
+        assert configs.pick(100, 100) == PERSISTENT_OVERLAP_QPF
+    p128 = KernelKey("bfloat16", 128, 128, 4)
+    assert serving_configs(p128).all == (PERSISTENT_OVERLAP_QPF,)  # every batch
+    for page in (16, 64):  # other head dims: no q_prefetch (not measured there)
+        configs = serving_configs(KernelKey("bfloat16", 64, page, 4))
         assert configs.all == (PERSISTENT_OVERLAP,)
         assert configs.pick(100, 10**6) == configs.pick(100, 100) == PERSISTENT_OVERLAP
-    p128 = KernelKey("bfloat16", 128, 128, 4)
-    configs = serving_configs(p128)
+    configs = serving_configs(KernelKey("bfloat16", 64, 128, 4))
     assert configs.all == (OVERLAP_PINGPONG, PERSISTENT_OVERLAP)
     limit = configs.short_max_blocks
     assert configs.pick(100, 100 * limit) == PERSISTENT_OVERLAP  # mean cost at the limit

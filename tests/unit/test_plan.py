@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -23,7 +24,9 @@ def _plan(specs, hq=32, hkv=8, d=128, page=16, dtype=torch.bfloat16, **options) 
     return plan_prefill(
         cu,
         seq,
-        key=KernelKey.for_layer(dtype, d, page, hq, hkv),
+        key=KernelKey.for_layer(
+            dtype, d, page, hq, hkv, sliding_window=options.get("window_left") is not None
+        ),
         num_kv_heads=hkv,
         cu_seqlens_q=cu.clone(),
         seqused_k=seq.clone(),
@@ -238,16 +241,139 @@ def test_l2_sections_keep_fewer_pairs_in_flight():
 
 
 def test_plan_uses_sections_and_picks_the_config_per_batch():
-    from vllm_fa4.kernels.config import OVERLAP_PINGPONG, PERSISTENT_OVERLAP
+    from vllm_fa4.kernels.config import (
+        OVERLAP_PINGPONG,
+        PERSISTENT_OVERLAP,
+        PERSISTENT_OVERLAP_QPF,
+    )
 
     plan = _plan([(16384, 16384)], page=128)
-    assert plan.config == OVERLAP_PINGPONG  # page 128, long tiles
+    assert plan.config == PERSISTENT_OVERLAP_QPF  # head dim 128, page 128: every batch
     heads_first = {r[1] for r in plan.work_tiles_cpu[:132].tolist()}
     assert len(heads_first) <= 2  # 8 MB of K/V per head, 16 MiB sections
-    # 512-token requests: tiles visit 1-4 K/V tiles, the persistent grid's case
-    assert _plan([(512, 512)] * 8, page=128).config == PERSISTENT_OVERLAP
-    # a 2k chunk after a 64k prefix: few tiles, each long
-    assert _plan([(2048, 65536 + 2048)], page=128).config == OVERLAP_PINGPONG
-    # below page 128 one config serves every batch
+    # head dim 64 at page 128: long tiles run the one-CTA-per-tile grid ...
+    assert _plan([(16384, 16384)], d=64, page=128).config == OVERLAP_PINGPONG
+    assert _plan([(2048, 65536 + 2048)], d=64, page=128).config == OVERLAP_PINGPONG
+    # ... and 512-token requests (tiles visit 1-4 K/V tiles) the persistent grid
+    assert _plan([(512, 512)] * 8, d=64, page=128).config == PERSISTENT_OVERLAP
+    # below page 128, head dim 128: long batches without q_prefetch, short ones with it
     assert _plan([(16384, 16384)], page=16).config == PERSISTENT_OVERLAP
-    assert _plan([(512, 512)] * 8, page=16).config == PERSISTENT_OVERLAP
+    assert _plan([(512, 512)] * 8, page=16).config == PERSISTENT_OVERLAP_QPF
+
+
+# --- sliding window (issue 11) -------------------------------------------------------------
+
+
+def _brute_force_window(specs, hkv, d, qpk, window_left):
+    """Per tile, the set of K/V tiles holding a key that some row of the tile sees."""
+    geometry = tile_geometry(KernelKey("bfloat16", d, 16, qpk))
+    tpt, tile_n = geometry.tokens_per_tile, geometry.tile_n
+    tiles = {}
+    for b, (q_len, k_len) in enumerate(specs):
+        for m in range(math.ceil(q_len / tpt)):
+            visited = set()
+            for j in range(m * tpt, min((m + 1) * tpt, q_len)):
+                i = k_len - q_len + j  # the row's diagonal key
+                lo = 0 if window_left is None else max(0, i - window_left)
+                visited |= {t // tile_n for t in range(lo, i + 1, 1)}
+            for h in range(hkv):
+                tiles[(b, h, m)] = len(visited)
+    return tiles
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_windowed_costs_are_brute_force_counts(seed):
+    import random
+
+    rng = random.Random(seed)
+    hq, hkv, d = rng.choice([(8, 2, 128), (6, 2, 128), (4, 4, 64), (4, 1, 256), (16, 2, 128)])
+    page = rng.choice([16, 32, 64, 128])
+    specs = []
+    for _ in range(rng.randint(1, 6)):
+        k_len = rng.randint(1, 1500)
+        q_len = rng.choice([k_len, rng.randint(0, k_len), 1, min(k_len, rng.randint(1, 200))])
+        specs.append((q_len, k_len))
+    for window_left in (0, 1, rng.randint(0, 300), rng.randint(100, 2000), 127, 128):
+        plan = _plan(specs, hq, hkv, d, page=page, window_left=window_left)
+        rows = plan.work_tiles_cpu.tolist()
+        got = {(b, h, m): c for b, h, m, c in rows}
+        assert len(got) == len(rows)
+        assert got == _brute_force_window(specs, hkv, d, hq // hkv, window_left), (
+            specs,
+            window_left,
+        )
+        costs = [r[3] for r in rows]
+        assert costs == sorted(costs, reverse=True)  # LPT on the windowed costs
+        assert plan.total_work == sum(costs) and plan.window_left == window_left
+
+
+def test_build_work_tiles_window_matches_brute_force():
+    from vllm_fa4.paged_prefill.plan import build_work_tiles
+
+    specs = [(300, 300), (64, 5000), (1, 130), (0, 9), (700, 3000)]
+    q, k = [s[0] for s in specs], [s[1] for s in specs]
+    for window_left in (0, 40, 255, 1000):
+        rows = build_work_tiles(q, k, 2, 32, 128, window_left=window_left)
+        assert rows.dtype == np.int64
+        got = {(b, h, m): c for b, h, m, c in rows.tolist()}
+        assert got == _brute_force_window(specs, 2, 128, 4, window_left)
+        # L2 sections hold the same tiles with the same costs
+        l2 = build_work_tiles(q, k, 2, 32, 128, 512, 1 << 20, window_left=window_left)
+        assert sorted(map(tuple, l2.tolist())) == sorted(map(tuple, rows.tolist()))
+
+
+def test_window_wider_than_the_context_is_no_window():
+    plain = _plan(SPECS)
+    for window_left in (max(k for _, k in SPECS), max(k for _, k in SPECS) - 1, 10**9):
+        windowed = _plan(SPECS, window_left=window_left)
+        assert torch.equal(windowed.work_tiles_cpu, plain.work_tiles_cpu)
+        assert windowed.total_work == plain.total_work and windowed.config == plain.config
+        assert windowed.window_left == window_left and plain.window_left is None
+    narrower = _plan(SPECS, window_left=max(k for _, k in SPECS) - 200)
+    assert narrower.total_work < plain.total_work
+
+
+def test_window_key_mismatch_and_bad_window_raise():
+    cu = torch.tensor([0, 3], dtype=torch.int32)
+    seq = torch.tensor([10], dtype=torch.int32)
+    kw = dict(num_kv_heads=2, cu_seqlens_q=cu, seqused_k=seq, page_table=torch.zeros(1, 1).int())
+    plain = KernelKey("bfloat16", 128, 16, 4)
+    windowed = KernelKey("bfloat16", 128, 16, 4, sliding_window=True)
+    with pytest.raises(ValueError, match=r"key.sliding_window=False but window_left=5"):
+        plan_prefill(cu, seq, key=plain, window_left=5, **kw)
+    with pytest.raises(ValueError, match=r"key.sliding_window=True but window_left=None"):
+        plan_prefill(cu, seq, key=windowed, **kw)
+    with pytest.raises(ValueError, match="window_left must be an int >= 0"):
+        plan_prefill(cu, seq, key=windowed, window_left=-1, **kw)
+    assert plan_prefill(cu, seq, key=windowed, window_left=0, **kw).window_left == 0
+    assert plan_prefill(cu, seq, key=plain, **kw).window_left is None
+
+
+def test_window_makes_a_chunk_after_a_long_prefix_short_work():
+    """A 2k chunk after a 128k prefix with a 4k window visits ~33 K/V tiles per tile, not
+    ~1040; the per-batch config pick sees the windowed work."""
+    from vllm_fa4.kernels.config import ServingConfigs, serving_configs
+
+    specs = [(2048, 131072 + 2048)]
+    plain = _plan(specs)
+    windowed = _plan(specs, window_left=4095)  # vLLM sliding_window 4096
+    assert windowed.num_tiles == plain.num_tiles == 64 * 8
+    costs = windowed.work_tiles_cpu[:, 3]
+    assert int(costs.max()) <= 34 and int(costs.min()) >= 32  # 4096 + 32 keys at tile_n 128
+    assert int(plain.work_tiles_cpu[:, 3].min()) >= 1024
+    assert windowed.total_work == int(costs.sum()) < plain.total_work // 30
+    # the pick uses the windowed total ...
+    key = windowed.key
+    assert windowed.config == serving_configs(key).pick(windowed.num_tiles, windowed.total_work)
+    a, b = KernelConfig.parse("persistent"), KernelConfig.parse("overlap+pingpong")
+    configs = ServingConfigs(long=a, short=b, short_max_blocks=34)
+    assert _plan(specs, config=configs, window_left=4095).config == b
+    assert _plan(specs, config=configs).config == a
+    # ... and with the default configs a 1k window is a short batch, no window a long one
+    short = serving_configs(key).short
+    assert _plan(specs, window_left=1023).config == short
+    assert plain.config == serving_configs(plain.key).long != short
+    # still planned quickly: a 128k fresh prefill with a window
+    t0 = time.perf_counter()
+    big = _plan([(131072, 131072)], window_left=4095)
+    assert time.perf_counter() - t0 < 0.05 and int(big.work_tiles_cpu[:, 3].max()) <= 34

@@ -87,8 +87,9 @@ class _FakeCompile:
     def __init__(self):
         self.calls = []
 
-    def prefill_forward(self, *args):
+    def prefill_forward(self, *args, **features):
         self.calls.append(args)
+        self.features = features
 
     def __getattr__(self, name):  # the module's other names are never touched here
         raise AttributeError(name)
@@ -159,6 +160,60 @@ def test_kernel_route_passes_contract_arguments(fake_sm90, monkeypatch):
     assert isinstance(launch, LaunchArgs) and launch is plan.args
     assert launch.cu_seqlens_q is case.cu_seqlens_q and launch.seqused_k is case.seqused_k
     assert launch.page_table is case.page_table and launch.work_tiles.shape == (plan.num_tiles, 4)
+    assert fake_sm90.features == dict(window_left=None, softcap=None, sinks=None)
+
+
+def test_kernel_route_passes_model_features(fake_sm90, monkeypatch):
+    from vllm_fa4.testing.cases import make_paged_case
+
+    case = make_paged_case(
+        [(40, 300)], 8, 2, 64, 16, torch.float16, "cpu", window_left=31, softcap=5.0, sinks=True
+    )
+    plan = case.plan()
+    monkeypatch.setattr(run_mod, "select_route", lambda key, config, device: "kernel")
+    run = dict(softmax_scale=0.5, softcap=5.0, sinks=case.sinks)
+    run_prefill(plan, case.q, case.k_cache, case.v_cache, case.new_out(), **run)
+    assert fake_sm90.features == dict(window_left=31, softcap=5.0, sinks=case.sinks)
+    # a value without its key flag, or a flag without its value, is refused before launch
+    for wrong, match in ((dict(softcap=None), "softcap"), (dict(sinks=None), "sinks")):
+        with pytest.raises(ValueError, match=match):
+            run_prefill(plan, case.q, case.k_cache, case.v_cache, case.new_out(), **run | wrong)
+    with pytest.raises(ValueError, match="sinks must be float32"):
+        bad_sinks = case.sinks.to(torch.float16)
+        run_prefill(
+            plan, case.q, case.k_cache, case.v_cache, case.new_out(), **run | dict(sinks=bad_sinks)
+        )
+
+
+def test_reference_route_applies_model_features():
+    from vllm_fa4.testing.cases import make_paged_case
+
+    case = make_paged_case(
+        [(40, 300), (7, 7)],
+        8,
+        2,
+        64,
+        16,
+        torch.float32,
+        "cpu",
+        window_left=31,
+        softcap=5.0,
+        sinks=True,
+    )
+    out = case.new_out()
+    run_prefill(
+        case.plan(),
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        out,
+        softmax_scale=case.softmax_scale,
+        softcap=5.0,
+        sinks=case.sinks,
+    )
+    ref, _ = case.reference()
+    plain, _ = case.reference(window_left=None, softcap=None, sinks=None)
+    assert torch.allclose(out, ref, atol=1e-5) and not torch.allclose(out, plain, atol=1e-2)
 
 
 def test_validation_errors():

@@ -12,7 +12,7 @@ import logging
 import time
 
 from vllm_fa4 import envs
-from vllm_fa4.kernels.config import DEFAULT_CONFIG, KernelConfig, KernelKey
+from vllm_fa4.kernels.config import DEFAULT_CONFIG, KernelConfig, KernelKey, check_features
 from vllm_fa4.kernels.launch import LaunchArgs
 
 envs.default_cute_dsl_arch()
@@ -46,10 +46,14 @@ def _fake_args(key: KernelKey, config: KernelConfig, has_lse: bool):
     mPT = fake(cutlass.Int32, 2, 1, 4)
     mWork = fake(cutlass.Int32, 2, 1, 4)
     mCounters = fake(cutlass.Int32, 1, 1, 4) if config.persistent else None
+    mSinks = fake(cutlass.Float32, 1, 1, 4) if key.sinks else None
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     num_ctas = cutlass.Int32(1)
     scale = cutlass.Float32(1.0)
-    return (mQ, mK, mV, mO, mLSE, mCu, mSeqK, mPT, mWork, mCounters, scale, num_ctas, stream)
+    window_left = cutlass.Int32(0)
+    softcap = cutlass.Float32(1.0)
+    tensors = (mQ, mK, mV, mO, mLSE, mCu, mSeqK, mPT, mWork, mCounters, mSinks)
+    return (*tensors, scale, num_ctas, window_left, softcap, stream)
 
 
 def compile_kernel(key: KernelKey, config: KernelConfig = DEFAULT_CONFIG, has_lse: bool = True):
@@ -123,12 +127,19 @@ def prefill_forward(
     args: LaunchArgs,
     softmax_scale: float,
     num_ctas: int | None = None,
+    *,
+    window_left: int | None = None,
+    softcap: float | None = None,
+    sinks=None,
 ) -> None:
     """Run the kernel for one step's prefill rows (tensor contracts: docs/contracts.md).
 
     ``num_ctas``: grid of the persistent configs, min(tiles, SMs) by default (tests pass more
     CTAs than tiles); the other configs launch one CTA per tile and ignore it.
+    ``window_left`` / ``softcap`` / ``sinks`` ([Hq] fp32): the model features, given exactly
+    when ``key`` has the matching flag (docs/contracts.md).
     """
+    check_features(key, window_left, softcap, sinks)
     fn = get_kernel(key, config, lse is not None)
     if num_ctas is None:
         num_ctas = min(args.work_tiles.shape[0], _sm_count(q.device))
@@ -143,6 +154,9 @@ def prefill_forward(
         args.page_table,
         args.work_tiles,
         _tile_counters(q.device) if config.persistent else None,
+        sinks,
         softmax_scale,
         num_ctas,
+        0 if window_left is None else window_left,
+        1.0 if softcap is None else softcap,
     )

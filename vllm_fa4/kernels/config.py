@@ -37,10 +37,23 @@ class KernelKey:
     page_size: int  # vLLM kernel block size: 16 | 32 | 64 | 128
     qhead_per_kvhead: int  # GQA group size packed into the M tile
     causal: bool = True
+    # Model features (issue 11); their values are runtime arguments, the flags pick the code:
+    sliding_window: bool = False  # keys left of each row's window are skipped / masked
+    softcap: bool = False  # S <- cap * tanh(S / cap) before the mask (Gemma 2)
+    sinks: bool = False  # one learned logit per query head joins each row's denominator
 
     @classmethod
     def for_layer(
-        cls, dtype, head_dim: int, page_size: int, num_q_heads: int, num_kv_heads: int
+        cls,
+        dtype,
+        head_dim: int,
+        page_size: int,
+        num_q_heads: int,
+        num_kv_heads: int,
+        *,
+        sliding_window: bool = False,
+        softcap: bool = False,
+        sinks: bool = False,
     ) -> KernelKey:
         """The key of an attention layer (``dtype`` as a torch dtype or its name)."""
         if num_q_heads <= 0 or num_kv_heads <= 0 or num_q_heads % num_kv_heads:
@@ -48,7 +61,9 @@ class KernelKey:
                 f"num_q_heads ({num_q_heads}) must be a positive multiple of num_kv_heads "
                 f"({num_kv_heads})"
             )
-        return cls(dtype_name(dtype), head_dim, page_size, num_q_heads // num_kv_heads)
+        group = num_q_heads // num_kv_heads
+        features = dict(sliding_window=sliding_window, softcap=softcap, sinks=sinks)
+        return cls(dtype_name(dtype), head_dim, page_size, group, **features)
 
     def unsupported_reason(self) -> str | None:
         if self.dtype not in SUPPORTED_DTYPES:
@@ -62,6 +77,45 @@ class KernelKey:
         if not self.causal:
             return "non-causal attention"
         return None
+
+
+@dataclass(frozen=True)
+class ModelFeatures:
+    """What an attention layer adds to plain causal attention (issue 11), as vLLM states it:
+    ``window_left`` (vLLM's sliding_window - 1), the logit soft cap, and whether the layer
+    has sink logits (their values are the layer's weights)."""
+
+    window_left: int | None = None
+    softcap: float | None = None
+    sinks: bool = False
+
+    def key_flags(self) -> dict:
+        """The KernelKey.for_layer keywords of these features."""
+        return dict(
+            sliding_window=self.window_left is not None,
+            softcap=self.softcap is not None,
+            sinks=self.sinks,
+        )
+
+
+def check_features(key: KernelKey, window_left, softcap, sinks) -> None:
+    """The model-feature values must match the key's flags (a flag without its value, or a
+    value the compiled kernel would ignore, is a caller bug)."""
+    given = {
+        "sliding_window": window_left is not None,
+        "softcap": softcap is not None,
+        "sinks": sinks is not None,
+    }
+    for name, present in given.items():
+        if present != getattr(key, name):
+            raise ValueError(
+                f"vllm_fa4: key.{name}={getattr(key, name)} but the {name} value is "
+                f"{'given' if present else 'missing'}"
+            )
+    if window_left is not None and window_left < 0:
+        raise ValueError(f"vllm_fa4: window_left must be >= 0, got {window_left}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"vllm_fa4: softcap must be positive, got {softcap}")
 
 
 @dataclass(frozen=True)
@@ -203,11 +257,20 @@ DEFAULT_CONFIG = KernelConfig()  # "base": no flag
 PERSISTENT_OVERLAP = KernelConfig(
     overlap=True, pingpong=True, persistent=True, softmax_per_arm=True
 )
-# Long batches at page 128: the one-CTA-per-tile grid is 0-3 % ahead on 16k and chunks after
-# 64k. softmax_per_arm keeps ptxas from serializing the softmax behind the P V GEMM.
+# Long batches at page 128 (head dims other than 128): the one-CTA-per-tile grid is 0-3 %
+# ahead on 16k and chunks after 64k. softmax_per_arm keeps ptxas from serializing the
+# softmax behind the P V GEMM.
 OVERLAP_PINGPONG = KernelConfig(overlap=True, pingpong=True, softmax_per_arm=True)
-LONG_BATCH_MIN_PAGE = 128  # pages this large run OVERLAP_PINGPONG for long batches
+# PERSISTENT_OVERLAP whose warpgroups start the next tile's Q copies after their last Q K^T.
+# Measured at head dim 128 (H100 and H200, 2026-11-23): short batches +1-7 % at both page
+# sizes (512x32: 1.04-1.06 of FA3), long batches at page 128 +1-5 % over OVERLAP_PINGPONG,
+# long batches at page 16 0.5-1 % behind PERSISTENT_OVERLAP.
+PERSISTENT_OVERLAP_QPF = KernelConfig(
+    overlap=True, pingpong=True, persistent=True, q_prefetch=True, softmax_per_arm=True
+)
+LONG_BATCH_MIN_PAGE = 128  # pages this large run a different config for long batches
 SHORT_BATCH_MAX_BLOCKS = 16  # mean KV tiles visited per work tile (2k tokens at tile_n 128)
+QPF_HEAD_DIMS = (128,)  # where PERSISTENT_OVERLAP_QPF was measured; others keep the old picks
 
 
 @dataclass(frozen=True)
@@ -233,9 +296,13 @@ class ServingConfigs:
 
 def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> ServingConfigs:
     """What serving runs for ``key``: ``fixed`` (VLLM_FA4_VARIANT) for every batch, else
-    the measured per-page-size defaults."""
+    the measured per-head-dim and per-page-size defaults."""
     if fixed is not None:
         return ServingConfigs(long=fixed, short=fixed)
-    if key.page_size >= LONG_BATCH_MIN_PAGE:
+    long_page = key.page_size >= LONG_BATCH_MIN_PAGE
+    if key.head_dim in QPF_HEAD_DIMS:
+        long = PERSISTENT_OVERLAP_QPF if long_page else PERSISTENT_OVERLAP
+        return ServingConfigs(long=long, short=PERSISTENT_OVERLAP_QPF)
+    if long_page:
         return ServingConfigs(long=OVERLAP_PINGPONG, short=PERSISTENT_OVERLAP)
     return ServingConfigs(long=PERSISTENT_OVERLAP, short=PERSISTENT_OVERLAP)

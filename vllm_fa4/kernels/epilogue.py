@@ -15,7 +15,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from vllm_fa4.kernels.barriers import wg_sync
-from vllm_fa4.kernels.softmax import acc_rows_view, scale_rows, softmax_finish
+from vllm_fa4.kernels.softmax import LOG2_E, acc_rows_view, scale_rows, softmax_finish
 
 
 def _row_target(work, row, qhead_per_kvhead: int):
@@ -44,16 +44,23 @@ def write_output(
     tokens_per_tile: cutlass.Constexpr[int],
     has_lse: cutlass.Constexpr[bool],
     staged: cutlass.Constexpr[bool],
+    mSinks=None,  # [Hq] fp32 sink logits (attention sinks), or None
 ):
     num_rows = cute.size(row_max)
     tile_m, head_dim = cute.size(sQ, mode=[0]), cute.size(sQ, mode=[1])
     inv_sum = cute.make_rmem_tensor(num_rows, Float32)
     lse = cute.make_rmem_tensor(num_rows, Float32)
-    softmax_finish(row_max, row_sum, scale_log2, inv_sum, lse)
+    oC = acc_rows_view(thr_pv.partition_C(cute.make_identity_tensor((tile_m, head_dim))))
+    sink_log2 = None
+    if cutlass.const_expr(mSinks is not None):
+        sink_log2 = cute.make_rmem_tensor(num_rows, Float32)
+        for i in cutlass.range_constexpr(num_rows):
+            _, _, head = _row_target(work, oC[i, 0][0], qhead_per_kvhead)
+            sink_log2[i] = mSinks[head] * Float32(LOG2_E)
+    softmax_finish(row_max, row_sum, scale_log2, inv_sum, lse, sink_log2)
     scale_rows(acc_O, inv_sum)
     rO = cute.make_rmem_tensor_like(acc_O, dtype)
     rO.store(acc_O.load().to(dtype))
-    oC = acc_rows_view(thr_pv.partition_C(cute.make_identity_tensor((tile_m, head_dim))))
 
     if cutlass.const_expr(has_lse):
         for i in cutlass.range_constexpr(num_rows):

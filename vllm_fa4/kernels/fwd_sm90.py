@@ -52,6 +52,7 @@ from vllm_fa4.kernels.softmax import (
     LOG2_E,
     acc_as_operand_a,
     acc_rows_view,
+    apply_softcap,
     scale_rows,
     softmax_step,
 )
@@ -151,8 +152,11 @@ class Sm90PagedPrefill:
         mPageTable: cute.Tensor,  # [B, max_pages] int32
         mWorkTiles: cute.Tensor,  # [num_tiles, 4] int32
         mTileCounters: Optional[cute.Tensor],  # [2] int32, zero at launch; `persistent` only
+        mSinks: Optional[cute.Tensor],  # [Hq] fp32 sink logits; key.sinks only
         softmax_scale: Float32,
         num_ctas: Int32,  # persistent grid size, min(num_tiles, SMs); unused otherwise
+        window_left: Int32,  # key.sliding_window: keys a row sees left of its diagonal
+        softcap: Float32,  # key.softcap: the cap (> 0)
         stream,
     ):
         sQ_layout = self._smem_layout(self.tile_m, self.head_dim)
@@ -189,7 +193,16 @@ class Sm90PagedPrefill:
             (64, self.head_dim),
             a_source=warpgroup.OperandSource.RMEM,
         )
-        scale_log2 = softmax_scale * Float32(LOG2_E)
+        # Features the key leaves out reach the kernel as None (compile-time: no code).
+        softcap_prescale = None
+        if cutlass.const_expr(self.key.softcap):
+            # tanh(S * scale / cap) in the kernel; the cap multiplies back in log2 space.
+            softcap_prescale = softmax_scale / softcap
+            scale_log2 = softcap * Float32(LOG2_E)
+        else:
+            scale_log2 = softmax_scale * Float32(LOG2_E)
+        window = window_left if cutlass.const_expr(self.key.sliding_window) else None
+        sinks = mSinks if cutlass.const_expr(self.key.sinks) else None
         self.kernel(
             mQ,
             mO,
@@ -205,6 +218,9 @@ class Sm90PagedPrefill:
             tma_atom_V,
             mK.shape[0],
             scale_log2,
+            sinks,
+            window,
+            softcap_prescale,
             sQ_layout,
             sK_layout,
             sV_layout,
@@ -235,6 +251,9 @@ class Sm90PagedPrefill:
         tma_atom_V: cute.CopyAtom,
         num_blocks: Int32,
         scale_log2: Float32,
+        mSinks: Optional[cute.Tensor],
+        window_left: Optional[Int32],
+        softcap_prescale: Optional[Float32],
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
@@ -284,6 +303,7 @@ class Sm90PagedPrefill:
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
         tile_args = (mWorkTiles, mCuSeqlensQ, mSeqUsedK, self.tokens_per_tile, self.tile_n)
+        tile_args = (*tile_args, window_left)
         first_tile = cute.arch.block_idx()[0]
         pipeline.pipeline_init_wait()
 
@@ -301,7 +321,7 @@ class Sm90PagedPrefill:
             wg = cute.arch.make_warp_uniform((tidx - 128) // 128)
             turns_begin(self.cfg.pingpong, wg)  # once per CTA: turns alternate across tiles
             cons_args = (mQ, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v)
-            cons_args = (*cons_args, scale_log2, tidx - 128)
+            cons_args = (*cons_args, mSinks, window_left, softcap_prescale, scale_log2, tidx - 128)
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             self.walk_tiles(self.consume, cons_args, state, tile_args, first_tile, queue, False)
 
@@ -422,9 +442,10 @@ class Sm90PagedPrefill:
         ctx = (page_row, k_len, num_blocks)
         k_src = (pipe_k, tma_atom_K, tKs, tKg)
         v_src = (pipe_v, tma_atom_V, tVs, tVg)
-        n_max = work.n_block_max
+        n_max, n_min = work.n_block_max, work.n_block_min
+        n_count = n_max - n_min  # blocks visited
         if cutlass.const_expr(not self.cfg.overlap):
-            for i in cutlass.range(n_max, unroll=1):
+            for i in cutlass.range(n_count, unroll=1):
                 n_block = n_max - 1 - i
                 pages = self._tile_pages(*ctx, n_block)  # K and V of one block share the read
                 self._load_tile(k_src, state, *ctx, n_block, pages)
@@ -432,11 +453,11 @@ class Sm90PagedPrefill:
                 state.advance()
         else:
             # Consumer order: K_j is needed one block before V_j, so issue K_{j-1} before V_j.
-            if n_max > 0:
+            if n_count > 0:
                 self._load_tile(k_src, state, *ctx, n_max - 1, self._tile_pages(*ctx, n_max - 1))
                 state_v = state.clone()
                 state.advance()
-                for i in cutlass.range(1, n_max, unroll=1):
+                for i in cutlass.range(1, n_count, unroll=1):
                     n_block = n_max - 1 - i
                     pages_k = self._tile_pages(*ctx, n_block)
                     pages_v = self._tile_pages(*ctx, n_block + 1)
@@ -444,7 +465,7 @@ class Sm90PagedPrefill:
                     self._load_tile(v_src, state_v, *ctx, n_block + 1, pages_v)
                     state.advance()
                     state_v.advance()
-                self._load_tile(v_src, state_v, *ctx, 0, self._tile_pages(*ctx, 0))
+                self._load_tile(v_src, state_v, *ctx, n_min, self._tile_pages(*ctx, n_min))
         return state
 
     # ---------------------------------------------------------------- consumer
@@ -515,10 +536,25 @@ class Sm90PagedPrefill:
         wg_sync(wg)
 
     @cute.jit
+    def mask(self, acc_S, tScS, n_block, work, diag, window_left):
+        """The causal mask, with the window's left edge when the key has one."""
+        apply_causal_mask(
+            acc_S,
+            tScS,
+            n_block,
+            work.first_token,
+            diag,
+            self.qhead_per_kvhead,
+            self.tile_n,
+            window_left,
+        )
+
+    @cute.jit
     def softmax_block(
-        self, acc_S, tScS, n_block, work, diag, row_max, row_sum, row_scale, scale_log2
+        self, acc_S, tScS, n_block, work, diag, row_max, row_sum, row_scale, scale_log2, feats
     ):
-        """Online softmax of a block after the first: the causal mask only on diagonal blocks.
+        """Online softmax of a block after the first: the mask only on diagonal blocks (and,
+        with a sliding window, on blocks under some row's left edge); the soft cap first.
 
         `softmax_per_arm`: the softmax runs inside both arms of the mask branch. ptxas moves
         the caller's following wgmma wait (for P V, overlap loop) to the top of the basic
@@ -526,10 +562,14 @@ class Sm90PagedPrefill:
         p128: 15 % of warp samples on the wait); with the softmax in the arms the wait stays
         after it, at the join."""
         per_arm = self.cfg.softmax_per_arm
-        if n_block >= work.n_block_mask:
-            apply_causal_mask(
-                acc_S, tScS, n_block, work.first_token, diag, self.qhead_per_kvhead, self.tile_n
-            )
+        window_left, softcap_prescale = feats
+        if cutlass.const_expr(softcap_prescale is not None):
+            apply_softcap(acc_S, softcap_prescale)
+        needs_mask = n_block >= work.n_block_mask
+        if cutlass.const_expr(window_left is not None):
+            needs_mask = needs_mask | (n_block < work.n_block_left_mask)
+        if needs_mask:
+            self.mask(acc_S, tScS, n_block, work, diag, window_left)
             if cutlass.const_expr(per_arm):
                 softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False)
         else:
@@ -552,6 +592,9 @@ class Sm90PagedPrefill:
         tiled_mma_pv,
         pipe_k,
         pipe_v,
+        mSinks,
+        window_left,
+        softcap_prescale,
         scale_log2: Float32,
         tidx: Int32,
         state,
@@ -598,10 +641,12 @@ class Sm90PagedPrefill:
         acc_O.fill(0.0)
         row_scale = cute.make_rmem_tensor(num_rows, Float32)
         n_max = work.n_block_max
+        n_count = n_max - work.n_block_min  # blocks visited
         diag = work.k_len - work.q_len
+        feats = (window_left, softcap_prescale)
 
         pp = self.cfg.pingpong
-        if n_max > 0:
+        if n_count > 0:
             # First (right-most) block: masked, and may hold the partial last page.
             n_block = n_max - 1
             pipe_k.consumer_wait(state)
@@ -611,9 +656,9 @@ class Sm90PagedPrefill:
             turn_pass(pp, wg)
             warpgroup.wait_group(0)
             pipe_k.consumer_release(state)
-            apply_causal_mask(
-                acc_S, tScS, n_block, work.first_token, diag, self.qhead_per_kvhead, self.tile_n
-            )
+            if cutlass.const_expr(softcap_prescale is not None):
+                apply_softcap(acc_S, softcap_prescale)
+            self.mask(acc_S, tScS, n_block, work, diag, window_left)
             softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, True)
             tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
             pipe_v.consumer_wait(state)
@@ -624,14 +669,23 @@ class Sm90PagedPrefill:
                 _wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False, 0)
                 pipe_v.consumer_release(state)
                 state.advance()
-                for i in cutlass.range(1, n_max, unroll=1):
+                for i in cutlass.range(1, n_count, unroll=1):
                     n_block = n_max - 1 - i
                     pipe_k.consumer_wait(state)
                     acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
                     _wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True, 0)
                     pipe_k.consumer_release(state)
                     self.softmax_block(
-                        acc_S, tScS, n_block, work, diag, row_max, row_sum, row_scale, scale_log2
+                        acc_S,
+                        tScS,
+                        n_block,
+                        work,
+                        diag,
+                        row_max,
+                        row_sum,
+                        row_scale,
+                        scale_log2,
+                        feats,
                     )
                     scale_rows(acc_O, row_scale)
                     tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
@@ -646,7 +700,7 @@ class Sm90PagedPrefill:
                 # softmax of S_j then runs while the other warpgroup issues its turn.
                 state_v = state.clone()
                 state.advance()
-                for i in cutlass.range(1, n_max, unroll=1):
+                for i in cutlass.range(1, n_count, unroll=1):
                     n_block = n_max - 1 - i
                     pipe_k.consumer_wait(state)
                     acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
@@ -660,7 +714,16 @@ class Sm90PagedPrefill:
                     pipe_v.consumer_release(state_v)
                     pipe_k.consumer_release(state)
                     self.softmax_block(
-                        acc_S, tScS, n_block, work, diag, row_max, row_sum, row_scale, scale_log2
+                        acc_S,
+                        tScS,
+                        n_block,
+                        work,
+                        diag,
+                        row_max,
+                        row_sum,
+                        row_scale,
+                        scale_log2,
+                        feats,
                     )
                     scale_rows(acc_O, row_scale)
                     tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
@@ -671,7 +734,7 @@ class Sm90PagedPrefill:
                 # V of block j+1 sits in state_v, one stage behind K's state.
                 state_v = state.clone()
                 state.advance()
-                for i in cutlass.range(1, n_max, unroll=1):
+                for i in cutlass.range(1, n_count, unroll=1):
                     n_block = n_max - 1 - i
                     pipe_k.consumer_wait(state)
                     acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
@@ -684,7 +747,16 @@ class Sm90PagedPrefill:
                     warpgroup.wait_group(1)  # S_j done; P_{j+1} V_{j+1} may still run
                     pipe_k.consumer_release(state)
                     self.softmax_block(
-                        acc_S, tScS, n_block, work, diag, row_max, row_sum, row_scale, scale_log2
+                        acc_S,
+                        tScS,
+                        n_block,
+                        work,
+                        diag,
+                        row_max,
+                        row_sum,
+                        row_scale,
+                        scale_log2,
+                        feats,
                     )
                     warpgroup.wait_group(0)
                     pipe_v.consumer_release(state_v)
@@ -726,6 +798,7 @@ class Sm90PagedPrefill:
             self.tokens_per_tile,
             self.has_lse,
             self.cfg.smem_epilogue,
+            mSinks,
         )
         if cutlass.const_expr(self.cfg.q_prefetch):
             return state, next_tile, queue_state

@@ -1,4 +1,5 @@
-"""Bottom-right causal mask on an S accumulator with GQA rows packed into M."""
+"""Bottom-right causal mask (optionally with a sliding window's left edge) on an S accumulator
+with GQA rows packed into M."""
 
 import cutlass
 import cutlass.cute as cute
@@ -16,8 +17,10 @@ def apply_causal_mask(
     diag_offset: Int32,  # k_len - q_len
     qhead_per_kvhead: cutlass.Constexpr[int],
     tile_n: cutlass.Constexpr[int],
+    window_left=None,  # Int32: a row also drops keys more than this left of its diagonal
 ):
-    """Keys past each row's causal limit become -inf by *select* (K may hold NaN there)."""
+    """Keys past each row's causal limit (or left of its window) become -inf by *select*
+    (K may hold NaN there)."""
     sS = acc_rows_view(acc_S)
     cS = acc_rows_view(tScS)
     col_base = n_block * tile_n
@@ -25,5 +28,11 @@ def apply_causal_mask(
         row = cS[i, 0][0]
         # Last visible key of this row, relative to this block's first column.
         limit = diag_offset + first_token + row // qhead_per_kvhead - col_base
-        for j in cutlass.range_constexpr(cute.size(sS, mode=[1])):
-            sS[i, j] = -Float32.inf if cS[0, j][1] > limit else sS[i, j]
+        if cutlass.const_expr(window_left is None):
+            for j in cutlass.range_constexpr(cute.size(sS, mode=[1])):
+                sS[i, j] = -Float32.inf if cS[0, j][1] > limit else sS[i, j]
+        else:
+            first = limit - window_left
+            for j in cutlass.range_constexpr(cute.size(sS, mode=[1])):
+                col = cS[0, j][1]
+                sS[i, j] = -Float32.inf if (col > limit) | (col < first) else sS[i, j]

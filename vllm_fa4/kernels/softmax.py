@@ -86,23 +86,43 @@ def softmax_step(
 
 
 @cute.jit
+def apply_softcap(acc_S: cute.Tensor, prescale: Float32):
+    """Logit soft cap, S <- tanh(S * scale / cap), before the mask (tanh(-inf) is not -inf).
+    The cap's own factor rides in scale_log2 (cap * log2 e), so the softmax is unchanged."""
+    for i in cutlass.range_constexpr(cute.size(acc_S)):
+        acc_S[i] = cute.math.tanh(acc_S[i] * prescale, fastmath=True)
+
+
+@cute.jit
 def softmax_finish(
     row_max: cute.Tensor,
     row_sum: cute.Tensor,
     scale_log2: Float32,
     inv_sum: cute.Tensor,
     lse: cute.Tensor,
+    sink_log2=None,  # per-row sink logit * log2 e (attention sinks), or None
 ):
-    """inv_sum = 1/rowsum (1 for empty rows); lse in natural log (-inf for empty rows)."""
+    """inv_sum = the factor that normalizes O's row (1 for empty rows); lse in natural log
+    (-inf for empty rows). A sink joins the denominator: with both in log2 units, the row's
+    max m and the sink s meet at M = max(m, s), so neither exp2 can overflow."""
     for i in cutlass.range_constexpr(cute.size(row_max)):
         total = quad_allreduce(row_sum[i], False)
-        empty = total == 0.0 or total != total
-        inv_sum[i] = Float32(1.0) if empty else cute.arch.rcp_approx(total)
-        lse[i] = (
-            -Float32.inf
-            if empty
-            else (row_max[i] * scale_log2 + cute.math.log2(total, fastmath=True)) * LN_2
-        )
+        if cutlass.const_expr(sink_log2 is None):
+            empty = total == 0.0 or total != total
+            inv_sum[i] = Float32(1.0) if empty else cute.arch.rcp_approx(total)
+            lse[i] = (
+                -Float32.inf
+                if empty
+                else (row_max[i] * scale_log2 + cute.math.log2(total, fastmath=True)) * LN_2
+            )
+        else:
+            # An empty row (max -inf, total 0) gets O = 0 and lse = the sink.
+            row_log2 = row_max[i] * scale_log2
+            top = cute.arch.fmax(row_log2, sink_log2[i])
+            kept = cute.math.exp2(row_log2 - top, fastmath=True)
+            total = total * kept + cute.math.exp2(sink_log2[i] - top, fastmath=True)
+            inv_sum[i] = kept * cute.arch.rcp_approx(total)
+            lse[i] = (top + cute.math.log2(total, fastmath=True)) * LN_2
 
 
 @cute.jit

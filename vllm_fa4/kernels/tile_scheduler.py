@@ -19,8 +19,11 @@ class TileWork:
     q_len: Int32
     k_len: Int32
     first_token: Int32  # request-local token of tile row 0
-    n_block_max: Int32  # KV blocks [0, n_block_max) are visited, last one first
+    n_block_max: Int32  # KV blocks [n_block_min, n_block_max) are visited, last one first
     n_block_mask: Int32  # blocks >= this one need the causal mask
+    # Sliding window only (else the Python int 0, so the plain causal code is unchanged):
+    n_block_min: Int32  # first visited block: the one holding the tile's leftmost window key
+    n_block_left_mask: Int32  # blocks < this one need the window's left-edge mask
 
 
 @cute.jit
@@ -30,6 +33,7 @@ def tile_work(
     mSeqUsedK: cute.Tensor,
     tokens_per_tile: cutlass.Constexpr[int],
     tile_n: cutlass.Constexpr[int],
+    window_left,  # Int32 keys left of a row's diagonal it still sees, or None (no window)
     tile_idx: Int32,
 ) -> TileWork:
     batch = mWorkTiles[tile_idx, 0]
@@ -48,8 +52,27 @@ def tile_work(
         n_block_max = Int32(0)
     # Block n is fully visible to every row iff (n+1)*tile_n <= diag + first_token + 1.
     n_block_mask = cutlass.max(diag + first_token + 1, 0) // tile_n
+    n_block_min, n_block_left_mask = 0, 0
+    if cutlass.const_expr(window_left is not None):
+        # Row t sees keys [diag + t - window_left, diag + t]: the first row reaches furthest
+        # left, the last valid row's left edge is the furthest right.
+        n_block_min = cutlass.max(diag + first_token - window_left, 0) // tile_n
+        left_edge = cutlass.max(diag + last_token - window_left, 0)
+        n_block_left_mask = (left_edge + tile_n - 1) // tile_n
+        if last_token < first_token:
+            n_block_min = Int32(0)
     return TileWork(
-        batch, kv_head, m_block, q_start, q_len, k_len, first_token, n_block_max, n_block_mask
+        batch,
+        kv_head,
+        m_block,
+        q_start,
+        q_len,
+        k_len,
+        first_token,
+        n_block_max,
+        n_block_mask,
+        n_block_min,
+        n_block_left_mask,
     )
 
 

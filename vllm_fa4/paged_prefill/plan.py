@@ -6,9 +6,11 @@ Runs once per model step in the metadata builder, on the CPU copies of the lengt
 Work list: one row ``(batch, kv_head, m_block, cost)`` per CTA. M tile ``m_block`` of request
 ``batch`` holds query tokens ``[m_block*T, (m_block+1)*T)`` (T = the key's tokens_per_tile);
 ``cost`` is the number of KV tiles (tile_n keys) it visits under bottom-right causal masking:
-``ceil(min(k_len, prefix + last_token + 1) / tile_n)`` with prefix = k_len - q_len. Rows are
-sorted by cost, longest first (LPT), across requests; ties keep (batch, kv_head, m_block)
-order so tiles reading the same K/V run side by side (L2 reuse).
+``n_block_max = ceil(min(k_len, prefix + last_token + 1) / tile_n)`` with prefix =
+k_len - q_len; with a sliding window the tile starts at ``n_block_min = max(0, prefix +
+first_token - window_left) // tile_n`` and cost = n_block_max - n_block_min (without one,
+n_block_min = 0). Rows are sorted by cost, longest first (LPT), across requests; ties keep
+(batch, kv_head, m_block) order so tiles reading the same K/V run side by side (L2 reuse).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class PrefillPlan:
     num_kv_heads: int
     device: torch.device
     geometry: TileGeometry
+    window_left: int | None = None  # the sliding window (key.sliding_window), None: none
 
 
 def _check_int32_1d(name: str, t: torch.Tensor, n: int, cpu: bool) -> None:
@@ -79,8 +82,12 @@ def build_work_tiles(
     tile_n: int,
     kv_bytes_per_token: int = 0,
     l2_section_bytes: int | None = None,
+    window_left: int | None = None,
 ) -> np.ndarray:
     """LPT work list on the CPU: int64 [num_tiles, 4] rows (batch, kv_head, m_block, cost).
+
+    ``cost`` counts the K/V tiles a tile visits: [n_block_min, n_block_max), n_block_min
+    > 0 only with a sliding window (``window_left``: keys a row sees left of its diagonal).
 
     With ``l2_section_bytes``, the (request, KV head) pairs are cut into sections whose K/V
     (``kv_bytes_per_token`` per key) fits that many bytes, longest pairs first, and the list
@@ -113,7 +120,12 @@ def build_work_tiles(
     # Keys visible to the tile's last token: prefix + last + 1 = k_len - q_len + end.
     end = np.minimum((m_block + 1) * tokens_per_tile, q_len)
     visible = np.maximum(np.minimum(k_len, k_len - q_len + end), 0)
-    cost = (visible + tile_n - 1) // tile_n
+    cost = (visible + tile_n - 1) // tile_n  # n_block_max
+    if window_left is not None:
+        # The tile's first token reaches furthest left: [prefix + first - window_left, ...].
+        first = m_block * tokens_per_tile
+        n_block_min = np.maximum(k_len - q_len + first - window_left, 0) // tile_n
+        cost = np.maximum(cost - n_block_min, 0)
     if l2_section_bytes is None:
         order = np.argsort(-cost, kind="stable")  # longest first; ties keep enumeration order
     else:
@@ -163,6 +175,7 @@ def plan_prefill(
     seqused_k: torch.Tensor,
     page_table: torch.Tensor,
     l2_section_bytes: int | None = L2_SECTION_BYTES,
+    window_left: int | None = None,
 ) -> PrefillPlan:
     """Plan one step's prefill rows.
 
@@ -176,9 +189,22 @@ def plan_prefill(
         cu_seqlens_q, seqused_k: the same lengths on the kernel's device (passed through).
         page_table: [B, max_pages] int32 on that device (a view of vLLM's block table rows).
         l2_section_bytes: L2 budget of the tile order (``build_work_tiles``); None: plain LPT.
+        window_left: the layer's sliding window, keys a row sees left of its diagonal
+            (vLLM's ``sliding_window - 1``, >= 0); given iff ``key.sliding_window``. Tile
+            costs (the LPT order, ``total_work`` and the config pick) count only the K/V
+            tiles inside the window; ``run_prefill`` reads it from the plan.
     """
     if num_kv_heads <= 0:
         raise ValueError(f"num_kv_heads must be positive, got {num_kv_heads}")
+    if key.sliding_window != (window_left is not None):
+        raise ValueError(
+            f"key.sliding_window={key.sliding_window} but window_left={window_left!r}: a "
+            "windowed key needs window_left and window_left needs a windowed key"
+        )
+    if window_left is not None:
+        if isinstance(window_left, bool) or int(window_left) != window_left or window_left < 0:
+            raise ValueError(f"window_left must be an int >= 0, got {window_left!r}")
+        window_left = int(window_left)
     if not isinstance(query_start_loc_cpu, torch.Tensor) or query_start_loc_cpu.dim() != 1:
         raise ValueError("query_start_loc_cpu must be a 1-D CPU int32 tensor [B+1]")
     num_reqs = query_start_loc_cpu.shape[0] - 1
@@ -237,6 +263,7 @@ def plan_prefill(
         geometry.tile_n,
         kv_bytes_per_token=2 * key.head_dim * 2,  # K and V, 16-bit
         l2_section_bytes=l2_section_bytes,
+        window_left=window_left,
     )
     num_tiles = tiles.shape[0]
     total_work = int(tiles[:, 3].sum()) if num_tiles else 0
@@ -270,4 +297,5 @@ def plan_prefill(
         num_kv_heads=num_kv_heads,
         device=device,
         geometry=geometry,
+        window_left=window_left,
     )

@@ -1,11 +1,15 @@
 """Reference paged prefill attention in plain PyTorch (CPU or CUDA).
 
 Semantics (docs/contracts.md): request b has q_len = cu[b+1] - cu[b] query tokens and
-k_len = seqused_k[b] keys; its query token j sees keys [0, k_len - q_len + j] (bottom-right
-causal). Key token t lives at ``k_cache[page_table[b, t // page_size], t % page_size, kv_head]``
-and query head h reads KV head ``h // (Hq // Hkv)``. A row that sees no key gets out = 0 and
-lse = -inf. Only the first k_len cache slots of a request are ever read, so NaN in unused
-slots cannot leak.
+k_len = seqused_k[b] keys; its query token j sits at key position i = k_len - q_len + j and
+sees keys [0, i] (bottom-right causal), or [max(0, i - window_left), i] with a sliding
+window. Key token t lives at ``k_cache[page_table[b, t // page_size], t % page_size, kv_head]``
+and query head h reads KV head ``h // (Hq // Hkv)``. Scores are s = softmax_scale * q·k,
+soft-capped to ``softcap * tanh(s / softcap)`` before the mask when a cap is given. A sink
+logit ``sinks[h]`` (same units as s) joins every row's softmax denominator and adds no value:
+out = sum_k exp(s_k) v_k / (sum_k exp(s_k) + exp(sink)), lse = log(sum_k exp(s_k) + exp(sink)).
+A row that sees no key gets out = 0 and lse = -inf (sinks[h] with sinks). Only the first
+k_len cache slots of a request are ever read, so NaN in unused slots cannot leak.
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ def paged_attention_reference(
     softmax_scale: float,
     *,
     compute_dtype: torch.dtype = torch.float32,
+    window_left: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Paged varlen causal GQA attention; returns ``(out, lse)``.
 
@@ -58,12 +65,17 @@ def paged_attention_reference(
         compute_dtype: float32 (default) or float64: everything upcast, the ground truth.
             A 16-bit dtype (normally ``q.dtype``): the "same math in low precision" baseline
             (FlashAttention's ``upcast=False``): q·k and P·V in that dtype, softmax in fp32,
-            P rounded to that dtype before P·V.
+            P rounded to that dtype before P·V; soft cap and sinks in fp32.
+        window_left: keys a row sees left of its diagonal (>= 0; vLLM's sliding window w is
+            w - 1); None: no window.
+        softcap: the logit soft cap (> 0), applied to the scaled scores before the mask;
+            None: off.
+        sinks: [Hq] sink logits (any float dtype, read in the stat dtype); None: no sinks.
 
     Returns:
         out: [total_q, Hq, D] in ``compute_dtype`` (callers cast).
-        lse: [Hq, total_q] float32 (float64 when compute_dtype is float64), natural log,
-            -inf for rows that see no key.
+        lse: [Hq, total_q] float32 (float64 when compute_dtype is float64), natural log, sink
+            included; for rows that see no key -inf, or sinks[h] with sinks.
     """
     if q.dim() != 3 or k_cache.dim() != 4 or v_cache.dim() != 4:
         raise ValueError(
@@ -79,6 +91,15 @@ def paged_attention_reference(
     stat_dtype = torch.float64 if compute_dtype == torch.float64 else torch.float32
     device = q.device
 
+    if window_left is not None:
+        if isinstance(window_left, bool) or int(window_left) != window_left or window_left < 0:
+            raise ValueError(f"window_left must be an int >= 0 or None, got {window_left!r}")
+        window_left = int(window_left)
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be positive or None, got {softcap!r}")
+    if sinks is not None and (sinks.dim() != 1 or sinks.shape[0] != num_q_heads):
+        raise ValueError(f"sinks must be [Hq={num_q_heads}], got {tuple(sinks.shape)}")
+
     cu = _to_list(cu_seqlens_q)
     k_lens = _to_list(seqused_k)
     if len(cu) != len(k_lens) + 1:
@@ -88,57 +109,77 @@ def paged_attention_reference(
 
     out = torch.zeros(total_q, num_q_heads, head_dim, dtype=compute_dtype, device=device)
     lse = torch.full((num_q_heads, total_q), float("-inf"), dtype=stat_dtype, device=device)
+    sink = None
+    if sinks is not None:
+        sink = sinks.detach().to(device=device, dtype=stat_dtype)
+        # Every row of a request starts at "sees no key"; rows past cu[-1] belong to none.
+        lse[:, cu[0] : cu[-1]] = sink[:, None]
+        sink = sink.view(num_kv_heads, qpk, 1, 1)
 
     ctx = _exact_fp32_matmul() if upcast else contextlib.nullcontext()
     with ctx:
         for b, k_len in enumerate(k_lens):
             q_start, q_len = cu[b], cu[b + 1] - cu[b]
             if q_len <= 0 or k_len <= 0:
-                continue  # nothing to compute; rows (if any) stay 0 / -inf
+                continue  # nothing to compute; rows (if any) stay 0 / -inf (the sink)
             prefix = k_len - q_len
-            # Gather only the keys any row of this request can see.
+            # Gather only the keys any row of this request can see: keys [key_lo, n_keys).
             n_keys = min(k_len, max(prefix + q_len, 0))
-            t = torch.arange(n_keys, device=page_table.device)
+            key_lo = 0 if window_left is None else min(max(prefix - window_left, 0), n_keys)
+            t = torch.arange(key_lo, n_keys, device=page_table.device)
             blocks = page_table[b].long()[t // page_size].to(k_cache.device)
             offs = (t % page_size).to(k_cache.device)
             k = k_cache[blocks, offs].to(device=device, dtype=compute_dtype)  # [n, Hkv, D]
             v = v_cache[blocks, offs].to(device=device, dtype=compute_dtype)
             if not upcast:
                 k = k * softmax_scale  # FlashAttention's reorder_ops: scale K, in low precision
-            kh = k.permute(1, 0, 2)  # [Hkv, n, D]
+            kh = k.permute(1, 0, 2)  # [Hkv, n_keys - key_lo, D]
             vh = v.permute(1, 0, 2)
 
-            per_row = max(1, num_q_heads * max(n_keys, 1) * 4)
+            # Keys one chunk of rows [r0, r1) reads: [first key of row r0, last key of r1-1].
+            span = n_keys if window_left is None else min(n_keys, window_left + _MAX_ROWS_PER_CHUNK)
+            per_row = max(1, num_q_heads * max(span, 1) * 4)
             rows = max(1, min(_MAX_ROWS_PER_CHUNK, _SCORE_BYTES_BUDGET // per_row))
             for r0 in range(0, q_len, rows):
                 r1 = min(q_len, r0 + rows)
                 nr = r1 - r0
-                # Keys visible to the last row of the chunk.
+                # Keys visible to the last row of the chunk; the window's left edge of its first.
                 nk = min(n_keys, max(prefix + r1, 0))
+                k0 = 0 if window_left is None else min(max(prefix + r0 - window_left, 0), nk)
                 qc = q[q_start + r0 : q_start + r1].to(compute_dtype)  # [nr, Hq, D]
                 # [Hkv, qpk * nr, D], row = g * nr + r
                 qh = qc.reshape(nr, num_kv_heads, qpk, head_dim).permute(1, 2, 0, 3)
                 qh = qh.reshape(num_kv_heads, qpk * nr, head_dim)
-                if nk == 0:
-                    continue
-                s = torch.matmul(qh, kh[:, :nk].transpose(1, 2))  # [Hkv, qpk*nr, nk]
+                if nk == k0:
+                    continue  # no row sees a key: out 0, lse -inf / the sink (set above)
+                kc, vc = kh[:, k0 - key_lo : nk - key_lo], vh[:, k0 - key_lo : nk - key_lo]
+                s = torch.matmul(qh, kc.transpose(1, 2))  # [Hkv, qpk*nr, nk-k0]
                 s = s.to(stat_dtype)
                 if upcast:
                     s = s * softmax_scale
-                s = s.view(num_kv_heads, qpk, nr, nk)
+                if softcap is not None:
+                    s = torch.tanh(s / softcap) * softcap
+                s = s.view(num_kv_heads, qpk, nr, nk - k0)
                 row = torch.arange(r0, r1, device=device)
-                col = torch.arange(nk, device=device)
-                visible = col[None, :] <= (prefix + row)[:, None]  # [nr, nk]
+                col = torch.arange(k0, nk, device=device)
+                diag = (prefix + row)[:, None]
+                visible = col[None, :] <= diag  # [nr, nk-k0]
+                if window_left is not None:
+                    visible &= col[None, :] >= diag - window_left
                 s = s.masked_fill(~visible, float("-inf"))
                 m = s.amax(dim=-1, keepdim=True)
+                if sink is not None:
+                    m = torch.maximum(m, sink)  # finite: the sink is always in the row
                 m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
                 p = torch.exp(s - m)
                 denom = p.sum(dim=-1, keepdim=True)  # [Hkv, qpk, nr, 1]
+                if sink is not None:
+                    denom = denom + torch.exp(sink - m)
                 row_lse = torch.log(denom) + m  # -inf where denom == 0
                 safe = torch.where(denom > 0, denom, torch.ones_like(denom))
                 p = p / safe
-                p = p.to(compute_dtype).view(num_kv_heads, qpk * nr, nk)
-                o = torch.matmul(p, vh[:, :nk])  # [Hkv, qpk*nr, D]
+                p = p.to(compute_dtype).view(num_kv_heads, qpk * nr, nk - k0)
+                o = torch.matmul(p, vc)  # [Hkv, qpk*nr, D]
                 o = o.view(num_kv_heads, qpk, nr, head_dim).permute(2, 0, 1, 3)
                 out[q_start + r0 : q_start + r1] = o.reshape(nr, num_q_heads, head_dim)
                 lse[:, q_start + r0 : q_start + r1] = row_lse.reshape(num_q_heads, nr)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_fa4.kernels.config import dtype_name
+from vllm_fa4.kernels.config import check_features, dtype_name
 from vllm_fa4.paged_prefill.plan import PrefillPlan
 from vllm_fa4.paged_prefill.reference import paged_attention_reference
 from vllm_fa4.paged_prefill.route import select_route
@@ -32,6 +32,8 @@ def run_prefill(
     *,
     softmax_scale: float,
     lse: torch.Tensor | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Prefill attention for the plan's rows, written into ``out`` (and ``lse`` if given).
 
@@ -40,6 +42,9 @@ def run_prefill(
         k_cache, v_cache: [num_blocks, page_size, Hkv, D] views (``split_kv_cache``).
         out: [plan.num_tokens, Hq, D], q's dtype; every row is written.
         lse: optional [Hq, plan.num_tokens] float32 (natural log).
+        softcap: the logit soft cap (> 0), given iff ``plan.key.softcap``.
+        sinks: [Hq] float32 sink logits on the plan's device, given iff ``plan.key.sinks``.
+        The sliding window is the plan's (``plan.window_left``).
 
     Raises:
         ValueError: inputs that do not match the plan.
@@ -64,6 +69,15 @@ def run_prefill(
             raise ValueError(f"lse is on {lse.device}, the plan's tensors are on {plan.device}")
     if not softmax_scale > 0:
         raise ValueError(f"softmax_scale must be positive, got {softmax_scale}")
+    check_features(plan.key, plan.window_left, softcap, sinks)
+    if sinks is not None and (
+        tuple(sinks.shape) != (hq,) or sinks.dtype != torch.float32 or sinks.device != plan.device
+    ):
+        raise ValueError(
+            f"sinks must be float32 [Hq={hq}] on {plan.device}, got {sinks.dtype} "
+            f"{tuple(sinks.shape)} on {sinks.device}"
+        )
+    features = dict(window_left=plan.window_left, softcap=softcap, sinks=sinks)
     if plan.num_tiles == 0:
         return  # no query rows
 
@@ -72,7 +86,16 @@ def run_prefill(
         from vllm_fa4.kernels.compile import prefill_forward
 
         prefill_forward(
-            plan.key, plan.config, q, k_cache, v_cache, out, lse, plan.args, softmax_scale
+            plan.key,
+            plan.config,
+            q,
+            k_cache,
+            v_cache,
+            out,
+            lse,
+            plan.args,
+            softmax_scale,
+            **features,
         )
         return
 
@@ -85,6 +108,7 @@ def run_prefill(
         plan.args.page_table,
         softmax_scale,
         compute_dtype=torch.float32,
+        **features,
     )
     out.copy_(ref_out)
     if lse is not None:

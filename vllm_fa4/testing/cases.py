@@ -6,6 +6,10 @@ tensor vLLM hands to ``forward`` is the logical permuted view ``[num_blocks, Hkv
 (``PagedCase.kv_cache_vllm``). Block 0 is the null block; used block ids are a random
 permutation of the rest (with spare blocks left over); unused slots (rest of each request's
 last page, spare blocks, block 0) hold NaN when ``poison_unused``.
+
+Model features (issue 11) ride along as runtime values: ``window_left`` (keys a row sees left
+of its diagonal), ``softcap`` and ``sinks`` ([Hq] float32 logits); ``key``, ``plan``,
+``reference`` and ``fa3`` all use them.
 """
 
 from __future__ import annotations
@@ -41,6 +45,9 @@ class PagedCase:
     query_start_loc_cpu: torch.Tensor  # [B+1] int32, CPU
     seq_lens_cpu: torch.Tensor  # [B] int32, CPU
     softmax_scale: float
+    window_left: int | None = None  # sliding window: keys left of the diagonal a row sees
+    softcap: float | None = None  # logit soft cap (> 0)
+    sinks: torch.Tensor | None = None  # [Hq] float32 on the case's device (bf16-exact values)
 
     @property
     def kv_cache_vllm(self) -> torch.Tensor:
@@ -63,8 +70,16 @@ class PagedCase:
     def max_seqlen_k(self) -> int:
         return max((s[1] for s in self.specs), default=0)
 
+    @property
+    def features(self) -> dict:
+        """The case's model-feature values as the reference takes them (``run_prefill`` takes
+        softcap and sinks; its window is the plan's)."""
+        return dict(window_left=self.window_left, softcap=self.softcap, sinks=self.sinks)
+
     def reference(self, q: torch.Tensor | None = None, **kwargs):
-        """``paged_attention_reference`` on this case (``q`` overrides the case's queries)."""
+        """``paged_attention_reference`` on this case (``q`` overrides the case's queries;
+        ``kwargs`` override the case's window / softcap / sinks and set compute_dtype)."""
+        kwargs = {**self.features, **kwargs}
         return paged_attention_reference(
             self.q if q is None else q,
             self.k_cache,
@@ -79,7 +94,14 @@ class PagedCase:
     @property
     def key(self) -> KernelKey:
         return KernelKey.for_layer(
-            self.dtype, self.head_dim, self.page_size, self.num_q_heads, self.num_kv_heads
+            self.dtype,
+            self.head_dim,
+            self.page_size,
+            self.num_q_heads,
+            self.num_kv_heads,
+            sliding_window=self.window_left is not None,
+            softcap=self.softcap is not None,
+            sinks=self.sinks is not None,
         )
 
     def plan(self, config: KernelConfig | None = None, **options) -> PrefillPlan:
@@ -94,13 +116,25 @@ class PagedCase:
             cu_seqlens_q=self.cu_seqlens_q,
             seqused_k=self.seqused_k,
             page_table=self.page_table,
-            **options,
+            **{"window_left": self.window_left, **options},
         )
 
     def fa3(self, out: torch.Tensor, q=None, k_cache=None, v_cache=None) -> torch.Tensor:
         """vLLM's FA3 (the baseline of every ratio) on this case into ``out``; ``q`` and the
-        cache views override the case's own (e.g. a cache copy with the NaN slots zeroed)."""
+        cache views override the case's own (e.g. a cache copy with the NaN slots zeroed).
+
+        The case's features map to FA3's arguments: ``window_size=[window_left, 0]`` (right 0:
+        causal; None is FA3's ``[-1, -1]``, unlimited), ``softcap`` (0.0 = off) and
+        ``s_aux=sinks`` (FA3 takes bf16 only: the case's sinks are bf16-exact)."""
         from vllm.vllm_flash_attn import flash_attn_varlen_func
+
+        features = {}
+        if self.window_left is not None:
+            features["window_size"] = [self.window_left, 0]
+        if self.softcap is not None:
+            features["softcap"] = float(self.softcap)
+        if self.sinks is not None:
+            features["s_aux"] = self.sinks.to(torch.bfloat16).contiguous()
 
         flash_attn_varlen_func(
             self.q if q is None else q,
@@ -115,6 +149,7 @@ class PagedCase:
             block_table=self.page_table,
             fa_version=3,
             out=out,
+            **features,
         )
         return out
 
@@ -140,6 +175,9 @@ def make_paged_case(
     seed: int = 0,
     poison_unused: bool = True,
     extra_blocks: int | None = None,
+    window_left: int | None = None,
+    softcap: float | None = None,
+    sinks: bool = False,
 ) -> PagedCase:
     """Build a paged prefill case.
 
@@ -147,7 +185,16 @@ def make_paged_case(
         specs: (q_len, k_len) per request, 0 <= q_len <= k_len (q_len 0 allowed).
         extra_blocks: spare (unused, poisoned) blocks besides block 0; default
             ``max(4, used_blocks // 2)``.
+        window_left: sliding window (keys a row sees left of its diagonal, >= 0) or None.
+        softcap: logit soft cap (> 0) or None.
+        sinks: draw seeded [Hq] float32 sink logits in [-2, 4] (rounded to bf16-exact values,
+            so FA3, which takes bf16 sinks, computes the same thing): some dominate their
+            rows, some hardly matter.
     """
+    if window_left is not None and window_left < 0:
+        raise ValueError(f"window_left must be >= 0, got {window_left}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be positive, got {softcap}")
     specs = [(int(a), int(b)) for a, b in specs]
     for i, (q_len, k_len) in enumerate(specs):
         if not 0 <= q_len <= k_len:
@@ -206,6 +253,11 @@ def make_paged_case(
         cu[1:] = torch.cumsum(torch.tensor(q_lens, dtype=torch.int32), 0)
     seq_lens = torch.tensor(k_lens, dtype=torch.int32)
     block_table = block_table_cpu.to(device)
+    sink_logits = None
+    if sinks:
+        # Drawn on the CPU generator after everything else, so other tensors do not move.
+        sink_logits = torch.rand(num_q_heads, generator=gen_cpu) * 6 - 2
+        sink_logits = sink_logits.to(torch.bfloat16).float().to(device)
 
     return PagedCase(
         specs=specs,
@@ -226,4 +278,7 @@ def make_paged_case(
         query_start_loc_cpu=cu,
         seq_lens_cpu=seq_lens,
         softmax_scale=head_dim**-0.5,
+        window_left=window_left,
+        softcap=softcap,
+        sinks=sink_logits,
     )
