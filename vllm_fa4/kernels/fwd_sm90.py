@@ -551,7 +551,7 @@ class Sm90PagedPrefill:
 
     @cute.jit
     def softmax_block(
-        self, acc_S, tScS, n_block, work, diag, row_max, row_sum, row_scale, scale_log2, feats
+        self, acc_S, n_block, tScS, work, diag, row_max, row_sum, row_scale, scale_log2, feats
     ):
         """Online softmax of a block after the first: the mask only on diagonal blocks (and,
         with a sliding window, on blocks under some row's left edge); the soft cap first.
@@ -644,6 +644,9 @@ class Sm90PagedPrefill:
         n_count = n_max - work.n_block_min  # blocks visited
         diag = work.k_len - work.q_len
         feats = (window_left, softcap_prescale)
+        # What every block after the first passes to softmax_block (its loops differ only in
+        # how they issue the GEMMs).
+        softmax_args = (tScS, work, diag, row_max, row_sum, row_scale, scale_log2, feats)
 
         pp = self.cfg.pingpong
         if n_count > 0:
@@ -675,18 +678,7 @@ class Sm90PagedPrefill:
                     acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
                     _wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True, 0)
                     pipe_k.consumer_release(state)
-                    self.softmax_block(
-                        acc_S,
-                        tScS,
-                        n_block,
-                        work,
-                        diag,
-                        row_max,
-                        row_sum,
-                        row_scale,
-                        scale_log2,
-                        feats,
-                    )
+                    self.softmax_block(acc_S, n_block, *softmax_args)
                     scale_rows(acc_O, row_scale)
                     tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
                     pipe_v.consumer_wait(state)
@@ -713,18 +705,7 @@ class Sm90PagedPrefill:
                     warpgroup.wait_group(0)
                     pipe_v.consumer_release(state_v)
                     pipe_k.consumer_release(state)
-                    self.softmax_block(
-                        acc_S,
-                        tScS,
-                        n_block,
-                        work,
-                        diag,
-                        row_max,
-                        row_sum,
-                        row_scale,
-                        scale_log2,
-                        feats,
-                    )
+                    self.softmax_block(acc_S, n_block, *softmax_args)
                     scale_rows(acc_O, row_scale)
                     tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
                     state.advance()
@@ -746,18 +727,7 @@ class Sm90PagedPrefill:
                     turn_pass(pp, wg)
                     warpgroup.wait_group(1)  # S_j done; P_{j+1} V_{j+1} may still run
                     pipe_k.consumer_release(state)
-                    self.softmax_block(
-                        acc_S,
-                        tScS,
-                        n_block,
-                        work,
-                        diag,
-                        row_max,
-                        row_sum,
-                        row_scale,
-                        scale_log2,
-                        feats,
-                    )
+                    self.softmax_block(acc_S, n_block, *softmax_args)
                     warpgroup.wait_group(0)
                     pipe_v.consumer_release(state_v)
                     scale_rows(acc_O, row_scale)
