@@ -176,13 +176,20 @@ class FA4AttentionImpl(FlashAttentionImpl):
             softcap=float(logits_soft_cap) if logits_soft_cap else None,
             sinks=sinks is not None,
         )
+        self._sinks_stamp = self._sinks_fp32_copy = None  # see _sinks_fp32
 
     def _sinks_fp32(self) -> torch.Tensor | None:
-        """The sink logits as the kernel reads them (fp32); read per call, since the weights
-        load (and may reload) after construction."""
-        if self.sinks is None or self.sinks.dtype == torch.float32:
-            return self.sinks
-        return self.sinks.float()
+        """The sink logits as the kernel reads them (fp32). The weights load (and may reload)
+        after construction, so the copy is remade when the parameter's storage or version
+        changes, not on every call (this runs once per layer per step)."""
+        sinks = self.sinks
+        if sinks is None or sinks.dtype == torch.float32:
+            return sinks
+        stamp = (sinks.data_ptr(), sinks._version)
+        if self._sinks_stamp != stamp:
+            self._sinks_fp32_copy = sinks.float()
+            self._sinks_stamp = stamp
+        return self._sinks_fp32_copy
 
     def forward(
         self,

@@ -122,6 +122,21 @@ def test_impl_takes_softcap_and_sinks_for_both_paths(monkeypatch, changes, featu
     assert (impl.sinks is None) == ("sinks" not in changes)
 
 
+def test_bf16_sinks_are_converted_once_per_weight_version(monkeypatch):
+    import vllm.v1.attention.backends.flash_attn as fa
+
+    monkeypatch.setattr(fa, "flash_attn_supports_sinks", lambda: True, raising=False)
+    sinks = torch.nn.Parameter(torch.zeros(32, dtype=torch.bfloat16), requires_grad=False)
+    impl = FA4AttentionImpl(**{**IMPL_ARGS, "sinks": sinks})
+    first = impl._sinks_fp32()
+    assert first.dtype == torch.float32 and not first.any()
+    assert impl._sinks_fp32() is first  # the next layer call reuses the copy
+    with torch.no_grad():
+        sinks.copy_(torch.arange(32, dtype=torch.bfloat16))  # weights (re)loaded in place
+    again = impl._sinks_fp32()
+    assert again is not first and torch.equal(again, torch.arange(32, dtype=torch.float32))
+
+
 @pytest.mark.parametrize(
     "changes, words",
     [

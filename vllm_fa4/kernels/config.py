@@ -98,22 +98,31 @@ class ModelFeatures:
         )
 
 
+def check_window(key: KernelKey, window_left) -> int | None:
+    """``window_left`` as the key's kernel takes it (given iff ``key.sliding_window``, an int
+    >= 0); the planner and the launch share this one check."""
+    if key.sliding_window != (window_left is not None):
+        raise ValueError(
+            f"key.sliding_window={key.sliding_window} but window_left={window_left!r}: a "
+            "windowed key needs window_left and window_left needs a windowed key"
+        )
+    if window_left is None:
+        return None
+    if isinstance(window_left, bool) or int(window_left) != window_left or window_left < 0:
+        raise ValueError(f"window_left must be an int >= 0, got {window_left!r}")
+    return int(window_left)
+
+
 def check_features(key: KernelKey, window_left, softcap, sinks) -> None:
     """The model-feature values must match the key's flags (a flag without its value, or a
     value the compiled kernel would ignore, is a caller bug)."""
-    given = {
-        "sliding_window": window_left is not None,
-        "softcap": softcap is not None,
-        "sinks": sinks is not None,
-    }
-    for name, present in given.items():
+    check_window(key, window_left)
+    for name, present in (("softcap", softcap is not None), ("sinks", sinks is not None)):
         if present != getattr(key, name):
             raise ValueError(
                 f"vllm_fa4: key.{name}={getattr(key, name)} but the {name} value is "
                 f"{'given' if present else 'missing'}"
             )
-    if window_left is not None and window_left < 0:
-        raise ValueError(f"vllm_fa4: window_left must be >= 0, got {window_left}")
     if softcap is not None and not softcap > 0:
         raise ValueError(f"vllm_fa4: softcap must be positive, got {softcap}")
 

@@ -25,6 +25,7 @@ from vllm_fa4.kernels.config import (
     KernelKey,
     ServingConfigs,
     TileGeometry,
+    check_window,
     serving_configs,
     tile_geometry,
 )
@@ -196,15 +197,7 @@ def plan_prefill(
     """
     if num_kv_heads <= 0:
         raise ValueError(f"num_kv_heads must be positive, got {num_kv_heads}")
-    if key.sliding_window != (window_left is not None):
-        raise ValueError(
-            f"key.sliding_window={key.sliding_window} but window_left={window_left!r}: a "
-            "windowed key needs window_left and window_left needs a windowed key"
-        )
-    if window_left is not None:
-        if isinstance(window_left, bool) or int(window_left) != window_left or window_left < 0:
-            raise ValueError(f"window_left must be an int >= 0, got {window_left!r}")
-        window_left = int(window_left)
+    window_left = check_window(key, window_left)
     if not isinstance(query_start_loc_cpu, torch.Tensor) or query_start_loc_cpu.dim() != 1:
         raise ValueError("query_start_loc_cpu must be a 1-D CPU int32 tensor [B+1]")
     num_reqs = query_start_loc_cpu.shape[0] - 1
