@@ -141,7 +141,7 @@ def resolve_names(text: str, known: Iterable[str], groups: dict[str, list[str]] 
 
 
 # --------------------------------------------------------------------------------------------
-# FLOPs: exact bottom-right causal pair counts
+# FLOPs: exact bottom-right causal pair counts (optionally inside a sliding window)
 
 
 def causal_pairs(q_len: int, k_len: int) -> int:
@@ -157,13 +157,44 @@ def causal_pairs(q_len: int, k_len: int) -> int:
     return (lo + k_len) * count // 2
 
 
-def case_pairs(specs: Sequence[tuple[int, int]]) -> int:
-    return sum(causal_pairs(q, k) for q, k in specs)
+def _diagonal_prefix(n: int, window_left: int) -> int:
+    """Pairs seen by rows whose diagonal sits at keys 0..n-1: row i sees min(i + 1, w + 1) keys."""
+    ramp = min(n, window_left + 1)  # rows whose window still reaches key 0
+    return ramp * (ramp + 1) // 2 + (n - ramp) * (window_left + 1)
 
 
-def attention_flops(specs: Sequence[tuple[int, int]], num_q_heads: int, head_dim: int) -> int:
-    """4 FLOPs per visible pair, per query head, per head-dim element (QK^T and PV matmuls)."""
-    return 4 * case_pairs(specs) * num_q_heads * head_dim
+def window_pairs(q_len: int, k_len: int, window_left: int) -> int:
+    """Visible (query, key) pairs of one request under causal masking with a sliding window:
+    query j (diagonal i = k_len - q_len + j) sees keys [max(0, i - window_left), i]."""
+    if window_left < 0:
+        raise ValueError(f"window_left must be >= 0, got {window_left}")
+    if q_len <= 0 or k_len <= 0:
+        return 0
+    # The rows' diagonals run over [k_len - q_len, k_len - 1]; rows left of key 0 see nothing.
+    first = max(0, k_len - q_len)
+    return _diagonal_prefix(k_len, window_left) - _diagonal_prefix(first, window_left)
+
+
+def visible_pairs(q_len: int, k_len: int, window_left: int | None = None) -> int:
+    """Causal pairs, or windowed ones when ``window_left`` (vLLM's sliding_window - 1) is set."""
+    if window_left is None:
+        return causal_pairs(q_len, k_len)
+    return window_pairs(q_len, k_len, window_left)
+
+
+def case_pairs(specs: Sequence[tuple[int, int]], window_left: int | None = None) -> int:
+    return sum(visible_pairs(q, k, window_left) for q, k in specs)
+
+
+def attention_flops(
+    specs: Sequence[tuple[int, int]],
+    num_q_heads: int,
+    head_dim: int,
+    window_left: int | None = None,
+) -> int:
+    """4 FLOPs per visible pair, per query head, per head-dim element (QK^T and PV matmuls);
+    with ``window_left`` only the pairs inside the sliding window count."""
+    return 4 * case_pairs(specs, window_left) * num_q_heads * head_dim
 
 
 # --------------------------------------------------------------------------------------------

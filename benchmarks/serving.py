@@ -108,6 +108,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     thr.add_argument("--cases", default="4096:300,16384:100", help="input_len:num_prompts list")
     thr.add_argument("--max-num-batched-tokens", type=int, default=None)
     args = ap.parse_args(argv)
+    args.context = model_context(args.model)
     if args.quick:
         args.input_lens, args.output_lens, args.token_rates = "2048", "1", "inf"
         args.num_prompts = args.num_prompts or 32
@@ -147,14 +148,20 @@ def load_text(value: str, unit: str) -> str:
 
 def serve_points(args) -> list[Point]:
     points = []
-    for i_len in (int(x) for x in split_list(args.input_lens)):
-        if args.request_rates:
-            rates = [(float(r), load_text(r, "req/s")) for r in split_list(args.request_rates)]
-        else:
-            rates = [
-                (float(t) / i_len, load_text(t, "tok/s")) for t in split_list(args.token_rates)
-            ]
+    for asked in (int(x) for x in split_list(args.input_lens)):
         for o_len in (int(x) for x in split_list(args.output_lens)):
+            i_len = fit_input_len(args, asked, o_len)
+            if any((p.input_len, p.output_len) == (i_len, o_len) for p in points):
+                context_note(args, asked, o_len, "is a point already listed: skipped")
+                continue
+            if i_len != asked:
+                context_note(args, asked, o_len, f"runs as input {i_len}")
+            if args.request_rates:
+                rates = [(float(r), load_text(r, "req/s")) for r in split_list(args.request_rates)]
+            else:
+                rates = [
+                    (float(t) / i_len, load_text(t, "tok/s")) for t in split_list(args.token_rates)
+                ]
             for rate, load in rates:
                 n = args.num_prompts or default_num_prompts(i_len, args.point_tokens)
                 points.append(Point(i_len, o_len, rate, n, seed=len(points), load=load))
@@ -165,12 +172,46 @@ def throughput_cases(args) -> list[tuple[int, int]]:
     out = []
     for item in split_list(args.cases):
         length, _, prompts = item.partition(":")
-        out.append((int(length), int(prompts or 100)))
+        case = (fit_input_len(args, int(length), 1), int(prompts or 100))
+        if case in out:
+            context_note(args, int(length), 1, "is a case already listed: skipped")
+            continue
+        if case[0] != int(length):
+            context_note(args, int(length), 1, f"runs as input {case[0]}")
+        out.append(case)
     return out
 
 
-def max_model_len(input_len: int, output_len: int) -> int:
-    return input_len + output_len + 128
+def model_context(model: str) -> int | None:
+    """A model folder's context, config.json's max_position_embeddings (vLLM refuses a longer
+    --max-model-len); None for a hub name or a config without it."""
+    try:
+        return int(json.loads((Path(model) / "config.json").read_text())["max_position_embeddings"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def fit_input_len(args, input_len: int, output_len: int) -> int:
+    """The prompt length to run: the one asked for, or as long as the model's context allows
+    with output_len tokens after it (vLLM rejects a prompt that leaves no room)."""
+    context = args.context
+    if context is None or input_len + output_len <= context:
+        return input_len
+    if output_len >= context:
+        raise SystemExit(f"error: output {output_len} does not fit {args.model}'s {context} tokens")
+    return context - output_len
+
+
+def context_note(args, input_len: int, output_len: int, what: str) -> None:
+    log(
+        f"note: {args.model} holds {args.context} tokens (max_position_embeddings): input "
+        f"{input_len} + output {output_len} {what}"
+    )
+
+
+def max_model_len(input_len: int, output_len: int, context: int | None = None) -> int:
+    wanted = input_len + output_len + 128
+    return wanted if context is None else min(wanted, context)
 
 
 def engine_args(args, backend: str, model_len: int) -> list[str]:
@@ -183,7 +224,7 @@ def engine_args(args, backend: str, model_len: int) -> list[str]:
 
 
 def serve_command(args, backend: str, points: list[Point]) -> list[str]:
-    model_len = max(max_model_len(p.input_len, p.output_len) for p in points)
+    model_len = max(max_model_len(p.input_len, p.output_len, args.context) for p in points)
     cmd = [*VLLM_CLI, "serve", args.model, "--host", "127.0.0.1", "--port", str(args.port)]
     cmd += engine_args(args, backend, model_len)
     if not args.prefix_caching:
@@ -234,11 +275,14 @@ def bench_serve_command(args, point: Point, result_dir: Path, filename: str) -> 
 
 def bench_throughput_command(args, backend: str, input_len: int, prompts: int, out_json: Path):
     cmd = [*VLLM_CLI, "bench", "throughput", "--backend", "vllm", "--model", args.model]
-    cmd += ["--dataset-name", "random", "--input-len", str(input_len), "--output-len", "1"]
+    # The random dataset's own flags: vLLM 0.26 gives --random-input-len/--random-output-len
+    # defaults (1024/128) that override --input-len/--output-len with only a warning.
+    cmd += ["--dataset-name", "random", "--random-input-len", str(input_len)]
+    cmd += ["--random-output-len", "1"]
     cmd += ["--num-prompts", str(prompts), "--output-json", str(out_json)]
     if args.max_num_batched_tokens:
         cmd += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
-    return cmd + engine_args(args, backend, max_model_len(input_len, 1))
+    return cmd + engine_args(args, backend, max_model_len(input_len, 1, args.context))
 
 
 # --------------------------------------------------------------------------------------------

@@ -3,17 +3,24 @@ on Llama-3.1-8B shapes (Hq 32, Hkv 8, D 128, bf16, causal), in one process.
 
 Run: python benchmarks/variants_ab.py [--variants "base pingpong base@l2=32"|all]
                                       [--pages 16,128] [--cases 512x32,16kx1] [--rounds 3]
+                                      [--window-left 4095] [--softcap 30]
 Default variants: $VLLM_FA4_TEST_VARIANTS, else the process config (VLLM_FA4_VARIANT).
 A contender is a config spec, optionally with a planner option: ``@l2=N`` orders the work list
 in L2 sections of N MiB of K/V (``@l2=0`` plain LPT; default: the planner's default).
 Inputs are vLLM-shaped (testing.cases: permuted pages, NaN in unused slots, q a strided view);
 each config runs the planner's own work list.
 Times: median over --rounds interleaved rounds of triton's do_bench median; spread is
-(max - min) / median over the rounds. TFLOP/s counts causal FLOPs only.
+(max - min) / median over the rounds. TFLOP/s counts only the (query, key) pairs a row sees.
+--window-left N (keys left of the diagonal a row sees: vLLM's sliding_window - 1) and
+--softcap X give both our kernel (key flags, plan, launch) and FA3 (window_size=[N, 0],
+softcap) the feature; TFLOP/s then counts only the pairs inside the window. The header line
+and every row label name the window and cap, so a windowed log cannot pass for a causal one.
 """
 
 import argparse
 import statistics
+import sys
+from pathlib import Path
 
 import torch
 from triton.testing import do_bench
@@ -23,6 +30,9 @@ from vllm_fa4.kernels.compile import prefill_forward
 from vllm_fa4.kernels.config import KernelConfig
 from vllm_fa4.testing.cases import make_paged_case
 from vllm_fa4.testing.variants import config_id, parse_configs
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import attention_flops  # noqa: E402
 
 HQ, HKV, HD, DT = 32, 8, 128, torch.bfloat16
 
@@ -61,7 +71,8 @@ def fa3_call(case, out=None):
 
 
 def ours_call(case, plan, out):
-    """Our kernel on the same case, launched directly (no route or validation)."""
+    """Our kernel on the same case, launched directly (no route or validation); the window is
+    the plan's, softcap and sinks the case's (prefill_forward wants them iff the key says so)."""
     return lambda: prefill_forward(
         plan.key,
         plan.config,
@@ -72,17 +83,37 @@ def ours_call(case, plan, out):
         None,
         plan.args,
         case.softmax_scale,
+        window_left=plan.window_left,
+        softcap=case.softcap,
+        sinks=case.sinks,
     )
 
 
-def run(name, specs, page, contenders, rounds=1):
-    case = make_paged_case(specs, HQ, HKV, HD, page, DT, "cuda", seed=0)
+def mask_header(window_left=None, softcap=None) -> str:
+    """The log header's mask fields; both always printed, so "none" is explicit too."""
+    window = "none" if window_left is None else window_left
+    cap = "none" if softcap is None else f"{softcap:g}"
+    return f"mask=causal window_left={window} softcap={cap}"
+
+
+def mask_tag(window_left=None, softcap=None) -> str:
+    """Short suffix of every row label ("" when causal, so causal logs keep their format)."""
+    parts = [] if window_left is None else [f"w{window_left}"]
+    if softcap is not None:
+        parts.append(f"cap{softcap:g}")
+    return " ".join(parts)
+
+
+def run(name, specs, page, contenders, rounds=1, window_left=None, softcap=None):
+    case = make_paged_case(
+        specs, HQ, HKV, HD, page, DT, "cuda", seed=0, window_left=window_left, softcap=softcap
+    )
     out = case.new_out()
     plans = {}
     for text in contenders:
         config, options = parse_contender(text)
         plans[text] = case.plan(config, **options)
-    flops = sum(4 * HQ * HD * sum(k - q_len + j + 1 for j in range(q_len)) for q_len, k in specs)
+    flops = attention_flops(specs, HQ, HD, window_left=window_left)
 
     fns = {"FA3": fa3_call(case)}
     for spec, p in plans.items():
@@ -95,35 +126,68 @@ def run(name, specs, page, contenders, rounds=1):
         for n in names[r % len(names) :] + names[: r % len(names)]:
             times[n].append(do_bench(fns[n], return_mode="median") * 1e-3)
     med = {n: statistics.median(ts) for n, ts in times.items()}
-    label = f"{name} p{page}"
+    tag = mask_tag(window_left, softcap)
+    label = f"{name} p{page}" + (f" {tag}" if tag else "")
+    width = 16 + (len(tag) + 1 if tag else 0)  # same for every case of a run: columns align
     for i, n in enumerate(names):
         t = med[n]
         spread = (max(times[n]) - min(times[n])) / t if rounds > 1 else 0.0
         ratio = "" if n == "FA3" else f"  ours/FA3 {med['FA3'] / t:.3f}"
         print(
-            f"{label if i == 0 else '':>16} | {n:<34} {flops / t / 1e12:6.1f} TFLOP/s "
+            f"{label if i == 0 else '':>{width}} | {n:<34} {flops / t / 1e12:6.1f} TFLOP/s "
             f"{t * 1e3:8.3f} ms  spread {spread:5.1%}{ratio}"
         )
 
 
-def main():
+def _window_left(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _softcap(text: str) -> float:
+    value = float(text)
+    if not value > 0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def parse_args(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", default=envs.sweep_variants_spec())
     ap.add_argument("--pages", default="16,128")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per case")
-    args = ap.parse_args()
+    ap.add_argument(
+        "--window-left",
+        type=_window_left,
+        default=None,
+        help="sliding window for ours and FA3: keys left of the diagonal a row sees "
+        "(vLLM's sliding_window - 1); default none (plain causal)",
+    )
+    ap.add_argument(
+        "--softcap", type=_softcap, default=None, help="logit soft cap for ours and FA3"
+    )
+    return ap.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     if args.variants and "@" in args.variants:
         contenders = list(dict.fromkeys(args.variants.split()))
     else:
         contenders = list(dict.fromkeys(config_id(c) for c in parse_configs(args.variants)))
     pages = {int(p) for p in args.pages.split(",")}
-    print(f"device={torch.cuda.get_device_name()} contenders={contenders}")
+    print(
+        f"device={torch.cuda.get_device_name()} contenders={contenders} "
+        f"{mask_header(args.window_left, args.softcap)}"
+    )
     for name in args.cases.split(","):
         case_pages, specs = CASES[name]
         for page in case_pages:
             if page in pages:
-                run(name, specs, page, contenders, args.rounds)
+                run(name, specs, page, contenders, args.rounds, args.window_left, args.softcap)
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ serve_check() {
 
 throughput_check() {
   $VLLM bench throughput --model $MODEL --load-format dummy --attention-backend FA4 \
-    --dataset-name random --input-len 4096 --output-len 1 --num-prompts 100 \
+    --dataset-name random --random-input-len 4096 --random-output-len 1 --num-prompts 100 \
     --max-model-len 8192 2>&1 | grep -E "Throughput|FA4 prefill|Using .*backend|Error|Traceback"
 }
 
@@ -103,6 +103,8 @@ for s in "$@"; do
       step variant-bench 200 $PY benchmarks/variants_ab.py --pages 16,128 \
         --variants "'${VARIANTS_AB:-base pagepf stages3 pingpong+pagepf}'" ;;
     servebench) TAIL=60 step serve-bench 590 $PY benchmarks/serving.py serve --merge \
+      --out "${SERVE_OUT:-/tmp/serving}" ${SERVE_ARGS:-} ;;
+    servethr) TAIL=60 step serve-throughput 590 $PY benchmarks/serving.py throughput --merge \
       --out "${SERVE_OUT:-/tmp/serving}" ${SERVE_ARGS:-} ;;
     servetp) TAIL=60 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
       VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm VLLM_ALLREDUCE_USE_SYMM_MEM=0 \

@@ -74,9 +74,12 @@ class FA4AttentionBackend(AttentionBackend):
     def supports_compute_capability(cls, capability) -> bool:
         return capability.major == 9
 
-    # Sinks (and the soft cap, which vLLM does not ask about here): our prefill kernel, FA3's
-    # decode, same settings. The sliding window stays refused until its GPU matrix passes
-    # (docs/perf-notes.md, session 4: one window case unexplained).
+    # Sliding window and sinks (and the soft cap, which vLLM does not ask about here): our
+    # prefill kernel, FA3's decode, same settings.
+    @classmethod
+    def supports_sliding_window(cls) -> bool:
+        return True
+
     @classmethod
     def supports_sink(cls) -> bool:
         return True
@@ -145,7 +148,6 @@ class FA4AttentionImpl(FlashAttentionImpl):
     ) -> None:
         unsupported = {
             "ALiBi": alibi_slopes is not None,
-            "sliding window": sliding_window is not None,
             f"attention type {attn_type}": attn_type != AttentionType.DECODER,
             f"kv_cache_dtype {kv_cache_dtype}": kv_cache_dtype
             not in ("auto", "float16", "bfloat16"),

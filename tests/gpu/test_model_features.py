@@ -34,15 +34,17 @@ def _fa3(case):
     return case.fa3(out, k_cache=kv[..., : case.head_dim], v_cache=kv[..., case.head_dim :])
 
 
-def _check(case, with_base=False):
-    """Every config on ``case`` (plan_prefill + run_prefill) and FA3, against the reference."""
+def _check(case, with_base=False, fa3_known_wrong=False):
+    """Every config on ``case`` (plan_prefill + run_prefill) and FA3, against the reference
+    (``fa3_known_wrong``: FA3 is measured to miss on this case; it is not asked to pass)."""
     from vllm_fa4.paged_prefill.run import run_prefill
     from vllm_fa4.testing import checks
 
     ref, ref_lse = case.reference()
     lowp, _ = case.reference(compute_dtype=case.dtype)
     try:  # say which side missed: FA3 (then the reference's semantics are in question) or us
-        checks.assert_attention_close(_fa3(case), ref, lowp, cu_seqlens_q=case.cu_seqlens_q)
+        if not fa3_known_wrong:
+            checks.assert_attention_close(_fa3(case), ref, lowp, cu_seqlens_q=case.cu_seqlens_q)
     except AssertionError as e:
         raise AssertionError(f"FA3 with the same settings: {e}") from None
     hq = case.num_q_heads
@@ -85,7 +87,11 @@ def test_sliding_window(page, window_left):
     case = _make([(1000, 1000), (333, 333), (77, 1300)], page, window_left=window_left)
     if window_left < 999:
         _changes_reference(case, window_left=None)
-    _check(case, with_base=True)
+    # vLLM 0.26's FA3 misses on request 2 (77 queries after 1,223 keys) at window 999: the first
+    # 24 rows of each 32-row group are off by 2-7e-2 (bound 2.6e-2), fitting no window at all,
+    # while ours matches the reference to 8e-4 (H100, tools/diag_window.py --fit-request 2;
+    # docs/results/2026-11-23/h100-fa3-window-999.log). Windows 0-200 and 5000 pass for both.
+    _check(case, with_base=True, fa3_known_wrong=window_left == 999)
 
 
 @pytest.mark.parametrize("page", [16, 128])

@@ -54,7 +54,6 @@ def test_supported_configurations_pass(head_size, dtype, block_size):
 @pytest.mark.parametrize(
     "changes, words",
     [
-        (dict(has_sliding_window=True), "sliding window"),
         (dict(kv_cache_dtype="fp8"), "kv_cache_dtype"),
         (dict(head_size=96), "head_size"),
         (dict(dtype=torch.float32), "dtype"),
@@ -90,9 +89,11 @@ IMPL_ARGS = dict(
 )
 
 
-def test_sinks_pass_backend_selection():
+def test_sinks_and_sliding_window_pass_backend_selection():
     assert reasons(has_sink=True) == []
     assert reasons(has_sink=True, head_size=64, block_size=128) == []
+    assert reasons(has_sliding_window=True) == []
+    assert reasons(has_sliding_window=True, has_sink=True, head_size=256, block_size=16) == []
 
 
 @pytest.mark.parametrize(
@@ -106,9 +107,15 @@ def test_sinks_pass_backend_selection():
             dict(logits_soft_cap=50.0, sinks=torch.zeros(32)),
             ModelFeatures(softcap=50.0, sinks=True),
         ),
+        (dict(sliding_window=4096), ModelFeatures(window_left=4095)),
+        (dict(sliding_window=1), ModelFeatures(window_left=0)),  # the diagonal only
+        (
+            dict(sliding_window=128, sinks=torch.zeros(32)),  # gpt-oss's windowed layers
+            ModelFeatures(window_left=127, sinks=True),
+        ),
     ],
 )
-def test_impl_takes_softcap_and_sinks_for_both_paths(monkeypatch, changes, features):
+def test_impl_takes_model_features_for_both_paths(monkeypatch, changes, features):
     # FA3's sink support is probed from the GPU; this machine has none.
     import vllm.v1.attention.backends.flash_attn as fa
 
@@ -141,7 +148,6 @@ def test_bf16_sinks_are_converted_once_per_weight_version(monkeypatch):
     "changes, words",
     [
         (dict(alibi_slopes=[0.5] * 32), "ALiBi"),
-        (dict(sliding_window=4096), "sliding window"),
         (dict(kv_cache_dtype="fp8"), "kv_cache_dtype"),
         (dict(attn_type=AttentionType.ENCODER), "attention type"),
     ],

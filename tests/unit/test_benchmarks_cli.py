@@ -78,6 +78,49 @@ def test_fresh_16k_flops_match_the_anchor_formula_closely():
     assert 0 < exact / approx - 1 < 1e-4
 
 
+def _brute_window_pairs(q_len: int, k_len: int, window_left: int) -> int:
+    diag = k_len - q_len
+    return sum(
+        1
+        for t in range(q_len)
+        for j in range(k_len)
+        if max(0, diag + t - window_left) <= j <= diag + t
+    )
+
+
+def test_window_pairs_hand_computed():
+    assert common.window_pairs(4, 4, 1) == 1 + 2 + 2 + 2  # row t sees keys t-1..t
+    assert common.window_pairs(4, 4, 0) == 4  # the diagonal only
+    assert common.window_pairs(2, 6, 2) == 3 + 3  # chunk after a prefix: full windows
+    assert common.window_pairs(3, 5, 100) == common.causal_pairs(3, 5)  # wider than context
+    assert common.window_pairs(5, 2, 0) == 2  # rows left of key 0 see nothing
+    assert common.window_pairs(0, 7, 3) == 0
+    with pytest.raises(ValueError):
+        common.window_pairs(4, 4, -1)
+
+
+def test_window_pairs_matches_brute_force():
+    for q_len in range(0, 25, 4):
+        for k_len in range(0, 40, 5):
+            for window_left in (0, 1, 2, 7, 16, 39, 1000):
+                got = common.window_pairs(q_len, k_len, window_left)
+                want = _brute_window_pairs(q_len, k_len, window_left)
+                assert got == want, (q_len, k_len, window_left)
+
+
+def test_attention_flops_window():
+    specs = ((4, 4), (3, 10), (1, 1))
+    assert common.attention_flops(specs, 2, 8, window_left=None) == common.attention_flops(
+        specs, 2, 8
+    )
+    assert common.case_pairs(specs, window_left=None) == sum(_brute_pairs(*s) for s in specs)
+    pairs = sum(_brute_window_pairs(q, k, 2) for q, k in specs)
+    assert common.attention_flops(specs, 2, 8, window_left=2) == 4 * pairs * 2 * 8
+    # a 4k window on a fresh 16k request: 4096 ramp rows, then 4096 keys per row
+    ramp = 4096 * 4097 // 2
+    assert common.case_pairs(((16384, 16384),), 4095) == ramp + (16384 - 4096) * 4096
+
+
 # --------------------------------------------------------------------------------------------
 # Case generation and --dry-run
 
@@ -294,6 +337,85 @@ def test_bench_run_on_cpu_with_fake_peers(monkeypatch):
 
 
 # --------------------------------------------------------------------------------------------
+# variants_ab.py (its GPU timing; here only the options and their wiring, on CPU)
+
+
+@pytest.fixture(scope="module")
+def variants_ab():
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    try:
+        return _load("variants_ab")
+    except ImportError as exc:
+        pytest.skip(f"variants_ab not importable: {exc}")
+
+
+def test_variants_ab_window_options(variants_ab):
+    args = variants_ab.parse_args(["--window-left", "4095", "--softcap", "30"])
+    assert args.window_left == 4095 and args.softcap == 30.0
+    plain = variants_ab.parse_args([])
+    assert plain.window_left is None and plain.softcap is None
+    for bad in (["--window-left", "-1"], ["--softcap", "0"], ["--softcap", "nan"]):
+        with pytest.raises(SystemExit):
+            variants_ab.parse_args(bad)
+
+
+def test_variants_ab_labels_name_the_mask(variants_ab):
+    assert variants_ab.mask_header() == "mask=causal window_left=none softcap=none"
+    assert variants_ab.mask_header(4095, 30.0) == "mask=causal window_left=4095 softcap=30"
+    assert variants_ab.mask_tag() == ""
+    assert variants_ab.mask_tag(4095, None) == "w4095"
+    assert variants_ab.mask_tag(0, 50.0) == "w0 cap50"
+
+
+def test_variants_ab_header(variants_ab, monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(variants_ab.torch.cuda, "get_device_name", lambda: "fake")
+    monkeypatch.setattr(variants_ab, "run", lambda *a: calls.append(a))
+    variants_ab.main(["--variants", "default", "--cases", "16kx1", "--pages", "16"])
+    variants_ab.main(
+        ["--variants", "default", "--cases", "16kx1", "--pages", "16", "--window-left", "4095"]
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("mask=causal window_left=none softcap=none")
+    assert lines[1].endswith("mask=causal window_left=4095 softcap=none")
+    assert [c[-2:] for c in calls] == [(None, None), (4095, None)]
+
+
+def test_variants_ab_run_passes_window_and_softcap(variants_ab, monkeypatch, capsys):
+    """One case through run() on CPU: the case, our launch and the FLOP count all get the
+    window; FA3 and the timer are fakes."""
+    make_paged_case, _ = _testing()
+    specs = [(300, 700), (64, 64)]
+    window = 127
+    flops = 4 * sum(_brute_window_pairs(q, k, window) for q, k in specs) * 32 * 128
+    seen = {}
+
+    def cpu_case(*args, **kwargs):
+        seen["case"] = kwargs
+        return make_paged_case(*args[:6], "cpu", **kwargs)
+
+    def launch(key, *args, **kwargs):
+        seen["key"], seen["launch"] = key, kwargs
+
+    def bench(fn, return_mode):
+        fn()
+        return flops / 100e12 * 1e3  # ms at 100 TFLOP/s, if the windowed count is used
+
+    monkeypatch.setattr(variants_ab, "make_paged_case", cpu_case)
+    monkeypatch.setattr(variants_ab, "fa3_call", lambda case, out=None: lambda: None)
+    monkeypatch.setattr(variants_ab, "prefill_forward", launch)
+    monkeypatch.setattr(variants_ab, "do_bench", bench)
+    variants_ab.run("tiny", specs, 16, ["default"], 2, window_left=window, softcap=30.0)
+    assert seen["case"]["window_left"] == window and seen["case"]["softcap"] == 30.0
+    assert seen["key"].sliding_window and seen["key"].softcap
+    assert seen["launch"] == {"window_left": window, "softcap": 30.0, "sinks": None}
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0].lstrip().startswith("tiny p16 w127 cap30 | FA3")
+    assert all(" 100.0 TFLOP/s" in row for row in rows), rows
+
+
+# --------------------------------------------------------------------------------------------
 # serving.py
 
 
@@ -359,9 +481,50 @@ def test_throughput_command():
     assert serving.throughput_cases(args) == [(4096, 300), (16384, 100)]
     cmd = serving.bench_throughput_command(args, "FA4", 4096, 300, Path("o.json"))
     assert cmd[3:5] == ["bench", "throughput"]
-    assert cmd[cmd.index("--output-len") + 1] == "1"
+    # vLLM 0.26's random dataset reads only its own length flags (their defaults, 1024 in
+    # and 128 out, win over --input-len/--output-len)
+    assert cmd[cmd.index("--random-input-len") + 1] == "4096"
+    assert cmd[cmd.index("--random-output-len") + 1] == "1"
+    assert "--input-len" not in cmd and "--output-len" not in cmd
     assert cmd[cmd.index("--attention-backend") + 1] == "FA4"
     assert cmd[cmd.index("--load-format") + 1] == "dummy"
+
+
+def test_throughput_cases_fit_the_model_context(capsys):
+    # Gemma 2's context is 8192 tokens, prompt and output together (vLLM refuses more)
+    gemma = str(ROOT / "configs" / "gemma-2-9b")
+    args = serving.parse_args(
+        ["throughput", "--model", gemma, "--cases", "8192:100,16384:100,2048:5"]
+    )
+    assert args.context == 8192
+    assert serving.throughput_cases(args) == [(8191, 100), (2048, 5)]
+    out = capsys.readouterr().out
+    assert "input 8192 + output 1 runs as input 8191" in out
+    assert "input 16384 + output 1 is a case already listed" in out
+    cmd = serving.bench_throughput_command(args, "FA4", 8191, 100, Path("o.json"))
+    assert cmd[cmd.index("--max-model-len") + 1] == "8192"
+    short = serving.bench_throughput_command(args, "FA4", 2048, 5, Path("o.json"))
+    assert short[short.index("--max-model-len") + 1] == str(2048 + 1 + 128)
+
+
+def test_serve_points_fit_the_model_context():
+    gemma = str(ROOT / "configs" / "gemma-2-9b")
+    args = serving.parse_args(["serve", "--model", gemma, "--token-rates", "inf"])
+    points = serving.serve_points(args)
+    assert [(p.input_len, p.output_len) for p in points] == [
+        (2048, 1),
+        (2048, 128),
+        (8191, 1),
+        (8064, 128),
+    ]  # 32768 fits no better than 8192 did: no second copy of those points
+    cmd = serving.serve_command(args, "FA4", points)
+    assert cmd[cmd.index("--max-model-len") + 1] == "8192"
+
+
+def test_model_context_of_a_hub_name_is_unknown():
+    assert serving.model_context("no/such-folder") is None
+    args = serving.parse_args(["throughput", "--model", "m", "--cases", "200000:1"])
+    assert serving.throughput_cases(args) == [(200000, 1)]  # vLLM decides
 
 
 def test_serving_dry_run_prints_commands(capsys):
@@ -473,7 +636,9 @@ def test_smollm2_spec_uses_the_texts_as_they_are(tmp_path):
 def test_smollm2_dry_run(capsys, tmp_path):
     assert smollm2.main(["--dry-run", "--out", str(tmp_path), "--smol-site", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "--worker FA4" in out and "--worker FLASHINFER" in out
+    assert "--worker FA4 " in out and "--worker FLASH_ATTN " in out
+    # the spread contender: FA4 with its fp32 prefill route, named as such
+    assert "VLLM_FA4_PREFILL_ROUTE=reference" in out and "--worker FA4-fp32 " in out
 
 
 def test_smollm2_dry_run_as_a_script(tmp_path):

@@ -116,6 +116,8 @@ def test_config_spellings_roundtrip(monkeypatch):
     assert KernelConfig.parse("max_box_n=64").box_n(KernelKey("bfloat16", 128, 16, 4)) == 16
     key = KernelKey("bfloat16", 128, 16, 4)
     assert "needs 'overlap'" in KernelConfig.parse("softmax_per_arm").unsupported_reason(key)
+    assert "needs 'pingpong'" in KernelConfig.parse("single_poller").unsupported_reason(key)
+    assert KernelConfig.parse("overlap+kv_evict_last").unsupported_reason(key) is None
     assert KernelConfig.parse("overlap+persistent+softmax_per_arm").unsupported_reason(key) is None
     assert "needs 'persistent'" in KernelConfig.parse("q_prefetch").unsupported_reason(key)
     both = KernelConfig.parse("smem_epilogue+persistent+q_prefetch")

@@ -170,6 +170,12 @@ class KernelConfig:
     # With overlap: the softmax sits in both arms of the causal-mask branch, which keeps
     # ptxas from hoisting the P V wgmma wait above it (fwd_sm90.softmax_block).
     softmax_per_arm: bool = False
+    # K/V TMA loads carry an L2 evict-last hint (FA3 does the same): every M tile of a
+    # (request, KV head) pair re-reads the pair's K/V, while Q and O pass through once.
+    kv_evict_last: bool = False
+    # With pingpong: inside the block loops only the first consumer warpgroup polls the K/V
+    # "full" mbarriers; the second is ordered behind it by the turn barrier (FA3's scheme).
+    single_poller: bool = False
     # Test-only instrumentation: a consumer thread adds 1 to its tile's cost column of
     # work_tiles after the tile's epilogue, so a test can check each tile ran exactly once.
     count_visits: bool = False
@@ -224,6 +230,8 @@ class KernelConfig:
             return "flags 'q_prefetch' and 'smem_epilogue' exclude each other (both use sQ)"
         if self.softmax_per_arm and not self.overlap:
             return "flag 'softmax_per_arm' needs 'overlap'"
+        if self.single_poller and not self.pingpong:
+            return "flag 'single_poller' needs 'pingpong'"
         if self.kv_stages not in (2, 3):
             return f"kv_stages={self.kv_stages} (supported: 2, 3)"
         if self.max_box_n not in (16, 32, 64, 128):

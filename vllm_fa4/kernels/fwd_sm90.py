@@ -23,6 +23,9 @@ Compile-time variants (KernelConfig):
                     (tile_scheduler.TileQueue).
   softmax_per_arm   (with overlap) the softmax sits in both arms of the mask branch, which
                     keeps ptxas from hoisting the P V wait above it (softmax_block).
+  kv_evict_last     K/V TMA loads carry an L2 evict-last cache hint.
+  single_poller     (with pingpong) only the first consumer warpgroup polls the K/V stage
+                    mbarriers inside the block loops; the turn order covers the second.
 """
 
 from typing import Optional
@@ -42,6 +45,7 @@ from vllm_fa4.kernels.epilogue import write_output
 from vllm_fa4.kernels.mask import apply_causal_mask
 from vllm_fa4.kernels.paged_kv import (
     D_CHUNK,
+    L2_EVICT_LAST,
     issue_paged_tile,
     load_paged_tile,
     partition_pool_tiles,
@@ -397,7 +401,7 @@ class Sm90PagedPrefill:
         return read_tile_pages(page_row, k_len, num_blocks, n_block, *self.paged_tile_geometry)
 
     def _load_tile(self, src, state, page_row, k_len, num_blocks, n_block, pages):
-        pipe, atom, tXs, tXg = src
+        pipe, atom, tXs, tXg, policy = src
         pipe.producer_acquire(state)
         mbar = pipe.producer_get_barrier(state)
         if pages is None:
@@ -412,10 +416,11 @@ class Sm90PagedPrefill:
                 state.index,
                 mbar,
                 *self.paged_tile_geometry,
+                policy,
             )
         else:
             issue_paged_tile(
-                atom, tXs, tXg, pages, n_block, state.index, mbar, *self.paged_tile_geometry
+                atom, tXs, tXg, pages, n_block, state.index, mbar, *self.paged_tile_geometry, policy
             )
 
     @cute.jit
@@ -440,8 +445,11 @@ class Sm90PagedPrefill:
         tVs, tVg = partition_pool_tiles(tma_atom_V, mV_tma, sV, work.kv_head, self.box_n)
         k_len = work.k_len
         ctx = (page_row, k_len, num_blocks)
-        k_src = (pipe_k, tma_atom_K, tKs, tKg)
-        v_src = (pipe_v, tma_atom_V, tVs, tVg)
+        policy = None
+        if cutlass.const_expr(self.cfg.kv_evict_last):
+            policy = cutlass.Int64(L2_EVICT_LAST)
+        k_src = (pipe_k, tma_atom_K, tKs, tKg, policy)
+        v_src = (pipe_v, tma_atom_V, tVs, tVg, policy)
         n_max, n_min = work.n_block_max, work.n_block_min
         n_count = n_max - n_min  # blocks visited
         if cutlass.const_expr(not self.cfg.overlap):
@@ -518,6 +526,18 @@ class Sm90PagedPrefill:
         if next_tile < tile_args[0].shape[0]:
             self.issue_q(tile_work(*tile_args, next_tile), mQ, sQ, tidx, wg)
         return next_tile, queue_state
+
+    @cute.jit
+    def wait_turn_stage(self, pipe, state, wg: Int32):
+        """Wait for a K/V stage inside a ping-pong loop. With `single_poller` only the first
+        warpgroup polls the stage's mbarrier: the second issues its GEMMs on that stage only
+        after the first has passed it the turn, which the first does after its own wait, so
+        the data is there; the second then stays off the mbarrier (FA3 does the same)."""
+        if cutlass.const_expr(self.cfg.single_poller):
+            if wg == 0:
+                pipe.consumer_wait(state)
+        else:
+            pipe.consumer_wait(state)
 
     @cute.jit
     def zero_v_tail(self, sV: cute.Tensor, stage: Int32, first_row: Int32, tidx: Int32, wg):
@@ -694,7 +714,7 @@ class Sm90PagedPrefill:
                 state.advance()
                 for i in cutlass.range(1, n_count, unroll=1):
                     n_block = n_max - 1 - i
-                    pipe_k.consumer_wait(state)
+                    self.wait_turn_stage(pipe_k, state, wg)
                     acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
                     turn_wait(pp, wg)
                     _wgmma(
@@ -710,14 +730,14 @@ class Sm90PagedPrefill:
                     tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
                     state.advance()
                     state_v.advance()
-                    pipe_v.consumer_wait(state_v)
+                    self.wait_turn_stage(pipe_v, state_v, wg)
             else:
                 # V of block j+1 sits in state_v, one stage behind K's state.
                 state_v = state.clone()
                 state.advance()
                 for i in cutlass.range(1, n_count, unroll=1):
                     n_block = n_max - 1 - i
-                    pipe_k.consumer_wait(state)
+                    self.wait_turn_stage(pipe_k, state, wg)
                     acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
                     turn_wait(pp, wg)
                     _wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True, -1)
@@ -734,7 +754,7 @@ class Sm90PagedPrefill:
                     tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
                     state.advance()
                     state_v.advance()
-                    pipe_v.consumer_wait(state_v)
+                    self.wait_turn_stage(pipe_v, state_v, wg)
             if cutlass.const_expr(self.cfg.q_prefetch):  # every Q K^T of the tile is done
                 next_tile, queue_state = self.prefetch_next_q(
                     receive, queue_state, tile_args, mQ, sQ, tidx, wg

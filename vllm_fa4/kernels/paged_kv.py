@@ -14,6 +14,18 @@ from cutlass import Int32
 from cutlass.cute.nvgpu import cpasync
 
 D_CHUNK = 64  # elements per 128-byte swizzle row
+# L2 cache-policy operand of a TMA load: what `createpolicy.fractional.L2::evict_last.b64 p,
+# 1.0` produces (an opaque 64-bit value; the same constant CUTLASS names EVICT_LAST). K/V are
+# re-read by every M tile of their (request, KV head) pair; Q and O are touched once.
+L2_EVICT_LAST = 0x14F0000000000000
+
+
+@cute.jit
+def _copy_box(tma_atom, src, dst, mbar, cache_policy):
+    if cutlass.const_expr(cache_policy is None):
+        cute.copy(tma_atom, src, dst, tma_bar_ptr=mbar)
+    else:
+        cute.copy(tma_atom, src, dst, tma_bar_ptr=mbar, cache_policy=cache_policy)
 
 
 def pool_view(mX: cute.Tensor) -> cute.Tensor:
@@ -46,6 +58,7 @@ def load_paged_tile(
     tile_n: cutlass.Constexpr[int],
     box_n: cutlass.Constexpr[int],
     page_size: cutlass.Constexpr[int],
+    cache_policy=None,  # Int64 L2 policy for the loads (L2_EVICT_LAST), or None: no hint
 ):
     """Issue every box of K/V tile n_block into `stage`, all on the stage's mbarrier."""
     # Clamp the page-table read to the request's last page (entries past it are junk and
@@ -58,8 +71,8 @@ def load_paged_tile(
             page = num_blocks
         rowblk = (token % page_size) // box_n
         for c in cutlass.range_constexpr(cute.size(tXs, mode=[2])):
-            cute.copy(
-                tma_atom, tXg[None, rowblk, c, page], tXs[None, b, c, stage], tma_bar_ptr=mbar
+            _copy_box(
+                tma_atom, tXg[None, rowblk, c, page], tXs[None, b, c, stage], mbar, cache_policy
             )
 
 
@@ -100,11 +113,12 @@ def issue_paged_tile(
     tile_n: cutlass.Constexpr[int],
     box_n: cutlass.Constexpr[int],
     page_size: cutlass.Constexpr[int],
+    cache_policy=None,
 ):
     for b in cutlass.range_constexpr(tile_n // box_n):
         token = n_block * tile_n + b * box_n
         rowblk = (token % page_size) // box_n
         for c in cutlass.range_constexpr(cute.size(tXs, mode=[2])):
-            cute.copy(
-                tma_atom, tXg[None, rowblk, c, pages[b]], tXs[None, b, c, stage], tma_bar_ptr=mbar
+            _copy_box(
+                tma_atom, tXg[None, rowblk, c, pages[b]], tXs[None, b, c, stage], mbar, cache_policy
             )

@@ -35,6 +35,9 @@ ALL_CONFIGS = tuple(
         "overlap+pingpong+persistent+softmax_per_arm",
         "persistent+q_prefetch",
         "overlap+pingpong+persistent+q_prefetch+softmax_per_arm",
+        # FA3's habits, measured neutral (docs/perf-notes.md, session 5): opt-in only
+        "overlap+pingpong+persistent+q_prefetch+softmax_per_arm+kv_evict_last+single_poller",
+        "pingpong+page_prefetch+kv_evict_last+single_poller",
     )
 )
 

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Where warps wait, per SASS instruction, from Nsight Compute's source page.
+
+On the GPU machine (SourceCounters section in the report):
+
+    ncu --section SourceCounters ... -o rep python3 benchmarks/profile_case.py ...
+    ncu -i rep.ncu-rep --page source --csv --print-source sass > source.csv
+
+then, anywhere:
+
+    python3 tools/ncu_source_stalls.py source.csv [--top 25]
+
+Prints, for each kernel in the file: its warp-stall samples by reason (share of all samples)
+and the instructions holding the most samples with their main reasons.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import lzma
+import sys
+from dataclasses import dataclass, field
+
+SAMPLES = "Warp Stall Sampling (All Samples)"
+
+
+@dataclass
+class Kernel:
+    name: str
+    rows: list[dict] = field(default_factory=list)
+
+
+def read_kernels(text: str) -> list[Kernel]:
+    """The CSV holds one block per kernel: a "Kernel Name" line, a header, the rows."""
+    kernels, header = [], None
+    for row in csv.reader(io.StringIO(text)):
+        if not row:
+            continue
+        if row[0] == "Kernel Name":
+            kernels.append(Kernel(row[1]))
+            header = None
+        elif header is None:
+            header = row
+        elif kernels:
+            kernels[-1].rows.append(dict(zip(header, row)))
+    return kernels
+
+
+def _num(value: str) -> float:
+    try:
+        return float(value.replace(",", ""))
+    except (AttributeError, ValueError):
+        return 0.0
+
+
+def reasons_of(row: dict) -> dict[str, float]:
+    return {
+        k.removeprefix("stall_"): _num(v)
+        for k, v in row.items()
+        if k.startswith("stall_") and "(Not Issued)" not in k
+    }
+
+
+def report(kernel: Kernel, top: int) -> str:
+    total = sum(_num(r.get(SAMPLES, "0")) for r in kernel.rows) or 1.0
+    by_reason: dict[str, float] = {}
+    for r in kernel.rows:
+        for k, v in reasons_of(r).items():
+            by_reason[k] = by_reason.get(k, 0.0) + v
+    lines = [f"== {kernel.name[:60]}  samples {int(total)}"]
+    lines.append(
+        "   "
+        + ", ".join(
+            f"{k} {100 * v / total:.1f}%"
+            for k, v in sorted(by_reason.items(), key=lambda kv: -kv[1])[:10]
+            if v
+        )
+    )
+    ranked = sorted(kernel.rows, key=lambda r: -_num(r.get(SAMPLES, "0")))[:top]
+    for r in ranked:
+        n = _num(r.get(SAMPLES, "0"))
+        main = sorted(reasons_of(r).items(), key=lambda kv: -kv[1])[:3]
+        why = ", ".join(f"{k}={int(v)}" for k, v in main if v)
+        where, source = r.get("Address", "?"), r["Source"][:60]
+        lines.append(f"   {where:>8} {100 * n / total:5.1f}%  {source:60s} {why}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("csv", help="ncu --page source --csv output (.xz accepted)")
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args(argv)
+    opener = lzma.open if args.csv.endswith(".xz") else open
+    with opener(args.csv, "rt") as f:
+        kernels = read_kernels(f.read())
+    if not kernels:
+        print(f"no kernel blocks in {args.csv}", file=sys.stderr)
+        return 1
+    for k in kernels:
+        print(report(k, args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
