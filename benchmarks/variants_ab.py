@@ -26,7 +26,6 @@ import torch
 from triton.testing import do_bench
 
 from vllm_fa4 import envs
-from vllm_fa4.kernels.compile import prefill_forward
 from vllm_fa4.kernels.config import KernelConfig
 from vllm_fa4.testing.cases import make_paged_case
 from vllm_fa4.testing.variants import config_id, parse_configs
@@ -71,22 +70,8 @@ def fa3_call(case, out=None):
 
 
 def ours_call(case, plan, out):
-    """Our kernel on the same case, launched directly (no route or validation); the window is
-    the plan's, softcap and sinks the case's (prefill_forward wants them iff the key says so)."""
-    return lambda: prefill_forward(
-        plan.key,
-        plan.config,
-        case.q,
-        case.k_cache,
-        case.v_cache,
-        out,
-        None,
-        plan.args,
-        case.softmax_scale,
-        window_left=plan.window_left,
-        softcap=case.softcap,
-        sinks=case.sinks,
-    )
+    """Our kernel on the same case (``PagedCase.ours``: launched directly, no route)."""
+    return lambda: case.ours(plan, out)
 
 
 def mask_header(window_left=None, softcap=None) -> str:

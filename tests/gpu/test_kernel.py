@@ -23,7 +23,6 @@ def variant(request):
 def run_case(specs, hq, hkv, hd, page, dtype, variant, seed=0, check_lse=True, q_pad=0):
     """Plan (the planner's own work list) and run one batch with config ``variant``; check it
     against the fp32 reference. Returns (out, lse, (plan, q, case))."""
-    from vllm_fa4.kernels.compile import prefill_forward
     from vllm_fa4.testing import cases, checks
 
     case = cases.make_paged_case(specs, hq, hkv, hd, page, dtype, "cuda", seed=seed)
@@ -36,17 +35,7 @@ def run_case(specs, hq, hkv, hd, page, dtype, variant, seed=0, check_lse=True, q
     out = torch.full_like(q, float("nan")).contiguous()
     lse = torch.full((hq, q.shape[0]), float("nan"), dtype=torch.float32, device="cuda")
     if plan.num_tiles:
-        prefill_forward(
-            plan.key,
-            plan.config,
-            q,
-            case.k_cache,
-            case.v_cache,
-            out,
-            lse if check_lse else None,
-            plan.args,
-            case.softmax_scale,
-        )
+        case.ours(plan, out, q=q, lse=lse if check_lse else None)
     torch.cuda.synchronize()
     ref, ref_lse = case.reference(q)
     lowp, _ = case.reference(q, compute_dtype=dtype)
@@ -119,21 +108,9 @@ def test_bit_identical_twice(variant):
     out1, lse1, (plan, q, case) = run_case(
         [(700, 1500), (90, 90)], 32, 8, 128, 16, torch.bfloat16, variant
     )
-    from vllm_fa4.kernels.compile import prefill_forward
-
     out2 = torch.full_like(out1, float("nan"))
     lse2 = torch.full_like(lse1, float("nan"))
-    prefill_forward(
-        plan.key,
-        plan.config,
-        q,
-        case.k_cache,
-        case.v_cache,
-        out2,
-        lse2,
-        plan.args,
-        case.softmax_scale,
-    )
+    case.ours(plan, out2, q=q, lse=lse2)
     torch.cuda.synchronize()
     assert torch.equal(out1.view(torch.int16), out2.view(torch.int16))
     assert torch.equal(lse1, lse2)

@@ -404,7 +404,9 @@ def test_variants_ab_run_passes_window_and_softcap(variants_ab, monkeypatch, cap
 
     monkeypatch.setattr(variants_ab, "make_paged_case", cpu_case)
     monkeypatch.setattr(variants_ab, "fa3_call", lambda case, out=None: lambda: None)
-    monkeypatch.setattr(variants_ab, "prefill_forward", launch)
+    import vllm_fa4.kernels.compile as compile_module  # PagedCase.ours imports it per call
+
+    monkeypatch.setattr(compile_module, "prefill_forward", launch)
     monkeypatch.setattr(variants_ab, "do_bench", bench)
     variants_ab.run("tiny", specs, 16, ["default"], 2, window_left=window, softcap=30.0)
     assert seen["case"]["window_left"] == window and seen["case"]["softcap"] == 30.0

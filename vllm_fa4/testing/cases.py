@@ -153,6 +153,29 @@ class PagedCase:
         )
         return out
 
+    def ours(self, plan: PrefillPlan, out, q=None, lse=None, num_ctas=None) -> torch.Tensor:
+        """Our kernel on this case into ``out``, launched directly (no route or validation):
+        ``plan`` from :meth:`plan`; the window is the plan's, soft cap and sinks the case's
+        (the kernel takes each iff its key says so); ``q`` overrides the case's queries."""
+        from vllm_fa4.kernels.compile import prefill_forward
+
+        prefill_forward(
+            plan.key,
+            plan.config,
+            self.q if q is None else q,
+            self.k_cache,
+            self.v_cache,
+            out,
+            lse,
+            plan.args,
+            self.softmax_scale,
+            num_ctas,
+            window_left=plan.window_left,
+            softcap=self.softcap,
+            sinks=self.sinks,
+        )
+        return out
+
     def new_out(self, poison: bool = True) -> torch.Tensor:
         """An output buffer [total_q, Hq, D] in q's dtype, NaN-filled so unwritten rows show."""
         fill = float("nan") if poison else 0.0
