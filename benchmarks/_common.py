@@ -39,6 +39,8 @@ MODELS: dict[str, ModelShape] = {
         ModelShape("llama-3.2-1b", 32, 8, 64),
         ModelShape("llama-3.1-70b-tp4", 16, 2, 128),
         ModelShape("llama-3.1-70b-tp8", 8, 1, 128),
+        ModelShape("gpt-oss-20b", 64, 8, 64),  # heads only; window and sinks: variants_ab flags
+        ModelShape("gemma-2-9b", 16, 8, 256),  # heads only; window and soft cap: the same
     )
 }
 

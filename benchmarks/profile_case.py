@@ -12,7 +12,8 @@ the outputs are checked against each other, so a profile never shows a broken ke
 import argparse
 
 import torch
-from variants_ab import CASES, DT, HD, HKV, HQ, fa3_call, ours_call, parse_contender
+from _common import MODELS
+from variants_ab import CASES, DEFAULT_MODEL, DT, fa3_call, ours_call, parse_contender
 
 from vllm_fa4.testing.cases import make_paged_case
 
@@ -22,8 +23,11 @@ def main():
     ap.add_argument("--case", default="8kx2", choices=list(CASES))
     ap.add_argument("--page", type=int, default=128)
     ap.add_argument("--contenders", default="base")
+    ap.add_argument("--model", default=DEFAULT_MODEL, choices=list(MODELS))
     args = ap.parse_args()
-    case = make_paged_case(CASES[args.case][1], HQ, HKV, HD, args.page, DT, "cuda", seed=0)
+    shape = MODELS[args.model]
+    heads = (shape.num_q_heads, shape.num_kv_heads, shape.head_dim)
+    case = make_paged_case(CASES[args.case][1], *heads, args.page, DT, "cuda", seed=0)
     fns = {}
     for text in args.contenders.split():
         config, options = parse_contender(text)

@@ -1,9 +1,11 @@
 """Variant A/B timing: our SM90 paged prefill (one or more compile-time variants) vs vLLM's FA3
-on Llama-3.1-8B shapes (Hq 32, Hkv 8, D 128, bf16, causal), in one process.
+on one model's attention shape (default Llama-3.1-8B: Hq 32, Hkv 8, D 128; bf16, causal), in
+one process.
 
 Run: python benchmarks/variants_ab.py [--variants "base pingpong base@l2=32"|all]
                                       [--pages 16,128] [--cases 512x32,16kx1] [--rounds 3]
-                                      [--window-left 4095] [--softcap 30]
+                                      [--model llama-3.2-1b] [--window-left 4095]
+                                      [--softcap 30] [--sinks]
 Default variants: $VLLM_FA4_TEST_VARIANTS, else the process config (VLLM_FA4_VARIANT).
 A contender is a config spec, optionally with a planner option: ``@l2=N`` orders the work list
 in L2 sections of N MiB of K/V (``@l2=0`` plain LPT; default: the planner's default).
@@ -13,8 +15,9 @@ Times: median over --rounds interleaved rounds of triton's do_bench median; spre
 (max - min) / median over the rounds. TFLOP/s counts only the (query, key) pairs a row sees.
 --window-left N (keys left of the diagonal a row sees: vLLM's sliding_window - 1) and
 --softcap X give both our kernel (key flags, plan, launch) and FA3 (window_size=[N, 0],
-softcap) the feature; TFLOP/s then counts only the pairs inside the window. The header line
-and every row label name the window and cap, so a windowed log cannot pass for a causal one.
+softcap) the feature; TFLOP/s then counts only the pairs inside the window. --sinks gives
+both seeded per-head sink logits (gpt-oss). The header line and every row label name the
+model, window, cap and sinks, so such a log cannot pass for a plain Llama-8B causal one.
 """
 
 import argparse
@@ -31,9 +34,10 @@ from vllm_fa4.testing.cases import make_paged_case
 from vllm_fa4.testing.variants import config_id, parse_configs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import attention_flops  # noqa: E402
+from _common import MODELS, attention_flops  # noqa: E402
 
-HQ, HKV, HD, DT = 32, 8, 128, torch.bfloat16
+DT = torch.bfloat16
+DEFAULT_MODEL = "llama-3.1-8b"
 
 # name -> (page sizes it runs at, [(q_len, k_len)] * batch)
 CASES = {
@@ -74,31 +78,53 @@ def ours_call(case, plan, out):
     return lambda: case.ours(plan, out)
 
 
-def mask_header(window_left=None, softcap=None) -> str:
-    """The log header's mask fields; both always printed, so "none" is explicit too."""
+def mask_header(window_left=None, softcap=None, sinks=False) -> str:
+    """The log header's mask fields; all always printed, so "none" is explicit too."""
     window = "none" if window_left is None else window_left
     cap = "none" if softcap is None else f"{softcap:g}"
-    return f"mask=causal window_left={window} softcap={cap}"
+    return f"mask=causal window_left={window} softcap={cap} sinks={'yes' if sinks else 'none'}"
 
 
-def mask_tag(window_left=None, softcap=None) -> str:
-    """Short suffix of every row label ("" when causal, so causal logs keep their format)."""
-    parts = [] if window_left is None else [f"w{window_left}"]
+def mask_tag(window_left=None, softcap=None, sinks=False, model=DEFAULT_MODEL) -> str:
+    """Short suffix of every row label ("" for Llama-8B causal, so those logs keep their
+    format)."""
+    parts = [] if model == DEFAULT_MODEL else [model]
+    if window_left is not None:
+        parts.append(f"w{window_left}")
     if softcap is not None:
         parts.append(f"cap{softcap:g}")
+    if sinks:
+        parts.append("sinks")
     return " ".join(parts)
 
 
-def run(name, specs, page, contenders, rounds=1, window_left=None, softcap=None):
+def run(
+    name,
+    specs,
+    page,
+    contenders,
+    rounds=1,
+    window_left=None,
+    softcap=None,
+    sinks=False,
+    model=DEFAULT_MODEL,
+):
+    shape = MODELS[model]
+    hq, hkv, hd = shape.num_q_heads, shape.num_kv_heads, shape.head_dim
     case = make_paged_case(
-        specs, HQ, HKV, HD, page, DT, "cuda", seed=0, window_left=window_left, softcap=softcap
+        specs,
+        *(hq, hkv, hd, page, DT, "cuda"),
+        seed=0,
+        window_left=window_left,
+        softcap=softcap,
+        sinks=sinks,
     )
     out = case.new_out()
     plans = {}
     for text in contenders:
         config, options = parse_contender(text)
         plans[text] = case.plan(config, **options)
-    flops = attention_flops(specs, HQ, HD, window_left=window_left)
+    flops = attention_flops(specs, hq, hd, window_left=window_left)
 
     fns = {"FA3": fa3_call(case)}
     for spec, p in plans.items():
@@ -111,7 +137,7 @@ def run(name, specs, page, contenders, rounds=1, window_left=None, softcap=None)
         for n in names[r % len(names) :] + names[: r % len(names)]:
             times[n].append(do_bench(fns[n], return_mode="median") * 1e-3)
     med = {n: statistics.median(ts) for n, ts in times.items()}
-    tag = mask_tag(window_left, softcap)
+    tag = mask_tag(window_left, softcap, sinks, model)
     label = f"{name} p{page}" + (f" {tag}" if tag else "")
     width = 16 + (len(tag) + 1 if tag else 0)  # same for every case of a run: columns align
     for i, n in enumerate(names):
@@ -154,6 +180,13 @@ def parse_args(argv=None):
     ap.add_argument(
         "--softcap", type=_softcap, default=None, help="logit soft cap for ours and FA3"
     )
+    ap.add_argument("--sinks", action="store_true", help="per-head sink logits for ours and FA3")
+    ap.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        choices=list(MODELS),
+        help="attention shape (query heads, KV heads, head dim); default %(default)s",
+    )
     return ap.parse_args(argv)
 
 
@@ -165,14 +198,24 @@ def main(argv=None):
         contenders = list(dict.fromkeys(config_id(c) for c in parse_configs(args.variants)))
     pages = {int(p) for p in args.pages.split(",")}
     print(
-        f"device={torch.cuda.get_device_name()} contenders={contenders} "
-        f"{mask_header(args.window_left, args.softcap)}"
+        f"device={torch.cuda.get_device_name()} model={args.model} contenders={contenders} "
+        f"{mask_header(args.window_left, args.softcap, args.sinks)}"
     )
     for name in args.cases.split(","):
         case_pages, specs = CASES[name]
         for page in case_pages:
             if page in pages:
-                run(name, specs, page, contenders, args.rounds, args.window_left, args.softcap)
+                run(
+                    name,
+                    specs,
+                    page,
+                    contenders,
+                    args.rounds,
+                    args.window_left,
+                    args.softcap,
+                    args.sinks,
+                    args.model,
+                )
 
 
 if __name__ == "__main__":

@@ -39,10 +39,22 @@ OTHER_KEYS = (
 )
 
 
-def _cases(which: str, specs: list[str]):
+# configs that do not build DEFAULT_KEY (mma_wgs=3: head dim 64 only) are built for this one
+HD64_KEY = ("bfloat16", 64, 16, 4)
+
+
+def _key_for(spec: str, key):
+    from vllm_fa4.kernels.config import KernelConfig, KernelKey
+
+    if KernelConfig.parse(spec).unsupported_reason(KernelKey(*key)) is None:
+        return key
+    return HD64_KEY
+
+
+def _cases(which: str, specs: list[str], key=DEFAULT_KEY):
     for spec in specs:
-        yield DEFAULT_KEY, spec, False
-    yield DEFAULT_KEY, "base", True
+        yield _key_for(spec, key), spec, False
+    yield key, "base", True
     if which == "all":
         for key in OTHER_KEYS:
             yield key, "base", False
@@ -113,6 +125,12 @@ def main(argv=None) -> int:
         default=None,
         help="config specs separated by spaces (default: every config the test sweep uses)",
     )
+    ap.add_argument(
+        "--key",
+        default=",".join(map(str, DEFAULT_KEY)),
+        help="dtype,head_dim,page_size,qhead_per_kvhead the --configs are built for "
+        "(default %(default)s)",
+    )
     ap.add_argument("--sass", action="store_true", help="also hash SASS (needs cuobjdump)")
     args = ap.parse_args(argv)
 
@@ -128,7 +146,8 @@ def main(argv=None) -> int:
         specs = [c.spec for c in ALL_CONFIGS]
     args.out.mkdir(parents=True, exist_ok=True)
     hashes: dict[str, str] = {}
-    cases = list(_cases(args.keys, specs))
+    dtype, *dims = args.key.split(",")
+    cases = list(_cases(args.keys, specs, (dtype, *map(int, dims))))
     for i, case in enumerate(cases, 1):
         print(f"[{i}/{len(cases)}] {_case_name(*case)}", flush=True)
         hashes.update(fingerprint(case, args.out, args.sass))

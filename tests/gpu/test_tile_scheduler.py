@@ -23,6 +23,8 @@ SCHEDULERS = [
     "overlap+pingpong+persistent+softmax_per_arm",
     "persistent+q_prefetch",
     "overlap+pingpong+persistent+q_prefetch+softmax_per_arm",
+    # three consumer warpgroups (head dim 64 only): three turns, 192-row tiles
+    "overlap+pingpong+persistent+q_prefetch+softmax_per_arm+mma_wgs=3",
 ]
 
 # (specs, Hq, Hkv, num_ctas: None = min(tiles, SMs))
@@ -52,7 +54,8 @@ def test_every_tile_runs_exactly_once(spec, shape):
 
     specs, hq, hkv, num_ctas = SHAPES[shape]
     config = dataclasses.replace(KernelConfig.parse(spec), count_visits=True)
-    case = cases.make_paged_case(specs, hq, hkv, 128, 16, torch.bfloat16, "cuda", seed=3)
+    head_dim = 64 if config.mma_wgs == 3 else 128
+    case = cases.make_paged_case(specs, hq, hkv, head_dim, 16, torch.bfloat16, "cuda", seed=3)
     plan = case.plan(config)
     if not config.persistent:
         num_ctas = None  # one CTA per tile, whatever the test asks

@@ -6,6 +6,7 @@ pieces run (plus the kernel pipeline on CPU with fake peers).
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import math
@@ -159,7 +160,7 @@ def test_kernels_dry_run_default_is_the_baseline_sweep(capsys):
 def test_kernels_dry_run_all(capsys):
     args = ["--dry-run", "--models", "all", "--cases", "all", "--block-sizes", "16,128"]
     assert kernels.main(args) == 0
-    assert f"{13 * 4 * 2} runs" in capsys.readouterr().out
+    assert f"{13 * 6 * 2} runs" in capsys.readouterr().out  # 6 model shapes
 
 
 def test_kernels_dry_run_as_a_script():
@@ -361,11 +362,15 @@ def test_variants_ab_window_options(variants_ab):
 
 
 def test_variants_ab_labels_name_the_mask(variants_ab):
-    assert variants_ab.mask_header() == "mask=causal window_left=none softcap=none"
-    assert variants_ab.mask_header(4095, 30.0) == "mask=causal window_left=4095 softcap=30"
+    assert variants_ab.mask_header() == "mask=causal window_left=none softcap=none sinks=none"
+    assert (
+        variants_ab.mask_header(4095, 30.0, True)
+        == "mask=causal window_left=4095 softcap=30 sinks=yes"
+    )
     assert variants_ab.mask_tag() == ""
     assert variants_ab.mask_tag(4095, None) == "w4095"
     assert variants_ab.mask_tag(0, 50.0) == "w0 cap50"
+    assert variants_ab.mask_tag(127, None, True, "gpt-oss-20b") == "gpt-oss-20b w127 sinks"
 
 
 def test_variants_ab_header(variants_ab, monkeypatch, capsys):
@@ -377,9 +382,13 @@ def test_variants_ab_header(variants_ab, monkeypatch, capsys):
         ["--variants", "default", "--cases", "16kx1", "--pages", "16", "--window-left", "4095"]
     )
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].endswith("mask=causal window_left=none softcap=none")
-    assert lines[1].endswith("mask=causal window_left=4095 softcap=none")
-    assert [c[-2:] for c in calls] == [(None, None), (4095, None)]
+    assert lines[0].endswith("mask=causal window_left=none softcap=none sinks=none")
+    assert lines[1].endswith("mask=causal window_left=4095 softcap=none sinks=none")
+    assert "model=llama-3.1-8b" in lines[0]
+    assert [c[5:] for c in calls] == [
+        (None, None, False, "llama-3.1-8b"),
+        (4095, None, False, "llama-3.1-8b"),
+    ]
 
 
 def test_variants_ab_run_passes_window_and_softcap(variants_ab, monkeypatch, capsys):
@@ -415,6 +424,35 @@ def test_variants_ab_run_passes_window_and_softcap(variants_ab, monkeypatch, cap
     rows = capsys.readouterr().out.splitlines()
     assert rows[0].lstrip().startswith("tiny p16 w127 cap30 | FA3")
     assert all(" 100.0 TFLOP/s" in row for row in rows), rows
+
+
+def test_variants_ab_run_takes_the_model_shape_and_sinks(variants_ab, monkeypatch, capsys):
+    """--model and --sinks reach the case, the key, the launch and the FLOP count."""
+    make_paged_case, _ = _testing()
+    specs = [(200, 500)]
+    flops = 4 * sum(_brute_window_pairs(q, k, k) for q, k in specs) * 64 * 64  # causal
+    seen = {}
+
+    def cpu_case(*args, **kwargs):
+        seen["heads"], seen["case"] = args[1:4], kwargs
+        return make_paged_case(*args[:6], "cpu", **kwargs)
+
+    def launch(key, *args, **kwargs):
+        seen["key"], seen["launch"] = key, kwargs
+
+    monkeypatch.setattr(variants_ab, "make_paged_case", cpu_case)
+    monkeypatch.setattr(variants_ab, "fa3_call", lambda case, out=None: lambda: None)
+    import vllm_fa4.kernels.compile as compile_module
+
+    monkeypatch.setattr(compile_module, "prefill_forward", launch)
+    monkeypatch.setattr(variants_ab, "do_bench", lambda fn, return_mode: (fn(), 1.0)[1])
+    variants_ab.run("tiny", specs, 16, ["default"], 1, sinks=True, model="gpt-oss-20b")
+    assert seen["heads"] == (64, 8, 64) and seen["case"]["sinks"] is True
+    assert seen["key"].head_dim == 64 and seen["key"].qhead_per_kvhead == 8
+    assert seen["key"].sinks and seen["launch"]["sinks"] is not None
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0].lstrip().startswith("tiny p16 gpt-oss-20b sinks | FA3")
+    assert f"{flops / 1e-3 / 1e12:6.1f} TFLOP/s" in rows[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -712,3 +750,39 @@ def test_schedule_sim_orders_the_assignments():
     # every tile on its own SM: both are the single costliest tile over the mean
     few = sim.balance(np.array([5.0, 3.0, 1.0]), 132)
     assert few["stride"] == few["greedy"] == 5.0 / 3.0
+
+
+# --------------------------------------------------------------------------------------------
+# tools/precompile.py
+
+
+def test_precompile_lists_the_serving_configs_and_drops_unsupported():
+    precompile = _load("precompile", ROOT / "tools" / "precompile.py")
+    from vllm_fa4.kernels.config import PERSISTENT_OVERLAP_QPF_3WG, KernelConfig
+
+    two = "overlap+pingpong+persistent+softmax_per_arm"
+    args = argparse.Namespace(
+        model="gpt-oss-20b",
+        pages="16,128",
+        configs=f"default {two} overlap+mma_wgs=3",
+        dtype="bfloat16",
+        window_left=127,
+        softcap=False,
+        sinks=True,
+        lse="both",
+    )
+    jobs = precompile.jobs(args)
+    keys = {job[0] for job in jobs}
+    assert {k.page_size for k in keys} == {16, 128}
+    assert all(k.head_dim == 64 and k.qhead_per_kvhead == 8 for k in keys)
+    assert all(k.sliding_window and k.sinks and not k.softcap for k in keys)
+    configs = {job[1] for job in jobs}
+    assert configs == {
+        PERSISTENT_OVERLAP_QPF_3WG,
+        KernelConfig.parse(two),
+        KernelConfig.parse("overlap+mma_wgs=3"),
+    }
+    assert len(jobs) == 2 * 3 * 2  # pages x configs x lse, no duplicates
+    # a config that cannot build the key is dropped, not compiled into an error
+    args.model, args.configs = "llama-3.1-8b", "overlap+mma_wgs=3 base"
+    assert {job[1] for job in precompile.jobs(args)} == {KernelConfig()}

@@ -1,5 +1,6 @@
 """Compile-only tests for the SM90 prefill kernel (CPU, no GPU needed)."""
 
+import dataclasses
 import os
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
@@ -65,7 +66,14 @@ def test_compile_model_feature_keys(key):
 
 # Every non-base config at the benchmark key; the combined variant also at the head-dim /
 # page / GQA extremes (smem epilogue lane layout per head dim, box splitting at page 128).
-VARIANT_CASES = [(c.spec, KernelKey("bfloat16", 128, 16, 4)) for c in ALL_CONFIGS[1:]] + [
+VARIANT_CASES = [
+    (c.spec, KernelKey("bfloat16", 64 if c.mma_wgs == 3 else 128, 16, 4)) for c in ALL_CONFIGS[1:]
+] + [
+    # three consumer warpgroups: gpt-oss's group of 8 at page 128, the staged epilogue, and
+    # the producer's 40 registers with page_prefetch (consumers then get 152)
+    ("overlap+pingpong+persistent+softmax_per_arm+mma_wgs=3", KernelKey("bfloat16", 64, 128, 8)),
+    ("overlap+pingpong+smem_epilogue+mma_wgs=3", KernelKey("float16", 64, 16, 1)),
+    ("pingpong+page_prefetch+kv_stages=3+mma_wgs=3", KernelKey("bfloat16", 64, 16, 3)),
     ("pingpong+max_box_n=64", KernelKey("bfloat16", 128, 128, 4)),
     ("overlap+pingpong+smem_epilogue+max_box_n=32", KernelKey("bfloat16", 128, 64, 4)),
     ("overlap+pingpong+smem_epilogue", KernelKey("float16", 64, 128, 1)),
@@ -85,6 +93,24 @@ def test_compile_variants(spec, key):
     from vllm_fa4.kernels.compile import compile_kernel
 
     assert compile_kernel(key, KernelConfig.parse(spec), has_lse=True) is not None
+
+
+def test_three_warpgroups_at_head_dim_64_only():
+    from vllm_fa4.kernels.compile import compile_kernel
+
+    three = KernelConfig.parse("overlap+pingpong+mma_wgs=3")
+    assert three.unsupported_reason(KernelKey("bfloat16", 64, 16, 4)) is None
+    for hd in (128, 256):
+        assert "head dim 64 only" in three.unsupported_reason(KernelKey("bfloat16", hd, 16, 4))
+    assert "mma_wgs=4" in KernelConfig.parse("mma_wgs=4").unsupported_reason(
+        KernelKey("bfloat16", 64, 16, 4)
+    )
+    with pytest.raises(ValueError, match="head dim 64 only"):
+        compile_kernel(KernelKey("bfloat16", 128, 16, 4), three)
+    # 128 producer + 384 consumer threads fit the register file
+    for cfg in (three, KernelConfig.parse("page_prefetch+mma_wgs=3")):
+        assert cfg.num_threads == 512
+        assert 128 * cfg.producer_regs + 384 * cfg.mma_regs <= 65536
 
 
 def test_three_stages_refused_where_shared_memory_is_short():
@@ -129,6 +155,7 @@ def test_serving_configs_by_head_dim_page_size_and_batch():
         OVERLAP_PINGPONG,
         PERSISTENT_OVERLAP,
         PERSISTENT_OVERLAP_QPF,
+        PERSISTENT_OVERLAP_QPF_3WG,
         serving_configs,
     )
 
@@ -141,11 +168,15 @@ def test_serving_configs_by_head_dim_page_size_and_batch():
         assert configs.pick(100, 100) == PERSISTENT_OVERLAP_QPF
     p128 = KernelKey("bfloat16", 128, 128, 4)
     assert serving_configs(p128).all == (PERSISTENT_OVERLAP_QPF,)  # every batch
-    for page in (16, 64):  # other head dims: no q_prefetch (not measured there)
-        configs = serving_configs(KernelKey("bfloat16", 64, page, 4))
+    assert dataclasses.replace(PERSISTENT_OVERLAP_QPF, mma_wgs=3) == PERSISTENT_OVERLAP_QPF_3WG
+    for page in (16, 64, 128):  # head dim 64: three warpgroups, every batch
+        configs = serving_configs(KernelKey("bfloat16", 64, page, 8))
+        assert configs.all == (PERSISTENT_OVERLAP_QPF_3WG,)
+    for page in (16, 64):  # head dim 256: no q_prefetch (not measured there)
+        configs = serving_configs(KernelKey("bfloat16", 256, page, 4))
         assert configs.all == (PERSISTENT_OVERLAP,)
         assert configs.pick(100, 10**6) == configs.pick(100, 100) == PERSISTENT_OVERLAP
-    configs = serving_configs(KernelKey("bfloat16", 64, 128, 4))
+    configs = serving_configs(KernelKey("bfloat16", 256, 128, 4))
     assert configs.all == (OVERLAP_PINGPONG, PERSISTENT_OVERLAP)
     limit = configs.short_max_blocks
     assert configs.pick(100, 100 * limit) == PERSISTENT_OVERLAP  # mean cost at the limit

@@ -35,8 +35,8 @@ def _plan(specs, hq=32, hkv=8, d=128, page=16, dtype=torch.bfloat16, **options) 
     )
 
 
-def _brute_force(specs, hkv, d, qpk):
-    geometry = tile_geometry(KernelKey("bfloat16", d, 16, qpk))
+def _brute_force(specs, hkv, d, qpk, mma_wgs=2):
+    geometry = tile_geometry(KernelKey("bfloat16", d, 16, qpk), mma_wgs)
     tpt, tile_n = geometry.tokens_per_tile, geometry.tile_n
     tiles = {}
     for b, (q_len, k_len) in enumerate(specs):
@@ -57,7 +57,7 @@ SPECS = [(5, 40), (0, 7), (300, 300), (1, 130), (700, 3000), (129, 129), (64, 50
 def test_work_list_is_brute_force_lpt(hq, hkv, d):
     plan = _plan(SPECS, hq, hkv, d, l2_section_bytes=None)
     rows = plan.work_tiles_cpu.tolist()
-    expect = _brute_force(SPECS, hkv, d, hq // hkv)
+    expect = _brute_force(SPECS, hkv, d, hq // hkv, plan.config.mma_wgs)
     got = {(b, h, m): c for b, h, m, c in rows}
     assert len(got) == len(rows), "a tile appears twice"
     assert got == expect, "tiles or costs differ from the brute-force enumeration"
@@ -75,6 +75,30 @@ def test_work_list_is_brute_force_lpt(hq, hkv, d):
         len(rows),
         4,
     )
+
+
+@pytest.mark.parametrize("hq,hkv", [(32, 8), (64, 8), (9, 3)])
+def test_three_warpgroups_tile_192_rows(hq, hkv):
+    """mma_wgs=3 (head dim 64): the plan tiles 192 packed rows, 192 // group tokens."""
+    config = KernelConfig.parse("overlap+pingpong+mma_wgs=3")
+    plan = _plan(SPECS, hq, hkv, 64, config=config, l2_section_bytes=None)
+    group = hq // hkv
+    assert plan.geometry == TileGeometry(192, 128, 192 // group)
+    assert plan.config == config
+    got = {(b, h, m): c for b, h, m, c in plan.work_tiles_cpu.tolist()}
+    assert got == _brute_force(SPECS, hkv, 64, group, mma_wgs=3)
+
+
+def test_serving_configs_must_share_the_m_tile():
+    from vllm_fa4.kernels.config import ServingConfigs
+
+    two = KernelConfig.parse("overlap+pingpong")
+    three = KernelConfig.parse("overlap+pingpong+mma_wgs=3")
+    with pytest.raises(ValueError, match="differ in mma_wgs"):
+        ServingConfigs(long=two, short=three)
+    assert ServingConfigs(long=three, short=three).geometry(
+        KernelKey("bfloat16", 64, 16, 4)
+    ) == TileGeometry(192, 128, 48)
 
 
 def test_chunk_after_long_context_ranks_before_fresh_prefill():
@@ -245,17 +269,22 @@ def test_plan_uses_sections_and_picks_the_config_per_batch():
         OVERLAP_PINGPONG,
         PERSISTENT_OVERLAP,
         PERSISTENT_OVERLAP_QPF,
+        PERSISTENT_OVERLAP_QPF_3WG,
     )
 
     plan = _plan([(16384, 16384)], page=128)
     assert plan.config == PERSISTENT_OVERLAP_QPF  # head dim 128, page 128: every batch
     heads_first = {r[1] for r in plan.work_tiles_cpu[:132].tolist()}
     assert len(heads_first) <= 2  # 8 MB of K/V per head, 16 MiB sections
-    # head dim 64 at page 128: long tiles run the one-CTA-per-tile grid ...
-    assert _plan([(16384, 16384)], d=64, page=128).config == OVERLAP_PINGPONG
-    assert _plan([(2048, 65536 + 2048)], d=64, page=128).config == OVERLAP_PINGPONG
-    # ... and 512-token requests (tiles visit 1-4 K/V tiles) the persistent grid
-    assert _plan([(512, 512)] * 8, d=64, page=128).config == PERSISTENT_OVERLAP
+    # head dim 256 at page 128: long tiles run the one-CTA-per-tile grid ...
+    assert _plan([(16384, 16384)], d=256, page=128).config == OVERLAP_PINGPONG
+    assert _plan([(2048, 65536 + 2048)], d=256, page=128).config == OVERLAP_PINGPONG
+    # ... and 512-token requests (tiles visit 1-8 K/V tiles) the persistent grid
+    assert _plan([(512, 512)] * 8, d=256, page=128).config == PERSISTENT_OVERLAP
+    # head dim 64: three warpgroups (192-row tiles) for every batch and page
+    for specs, page in (([(16384, 16384)], 128), ([(512, 512)] * 8, 16)):
+        plan = _plan(specs, d=64, page=page)
+        assert plan.config == PERSISTENT_OVERLAP_QPF_3WG and plan.geometry.tile_m == 192
     # below page 128, head dim 128: long batches without q_prefetch, short ones with it
     assert _plan([(16384, 16384)], page=16).config == PERSISTENT_OVERLAP
     assert _plan([(512, 512)] * 8, page=16).config == PERSISTENT_OVERLAP_QPF
@@ -264,9 +293,9 @@ def test_plan_uses_sections_and_picks_the_config_per_batch():
 # --- sliding window (issue 11) -------------------------------------------------------------
 
 
-def _brute_force_window(specs, hkv, d, qpk, window_left):
+def _brute_force_window(specs, hkv, d, qpk, window_left, mma_wgs=2):
     """Per tile, the set of K/V tiles holding a key that some row of the tile sees."""
-    geometry = tile_geometry(KernelKey("bfloat16", d, 16, qpk))
+    geometry = tile_geometry(KernelKey("bfloat16", d, 16, qpk), mma_wgs)
     tpt, tile_n = geometry.tokens_per_tile, geometry.tile_n
     tiles = {}
     for b, (q_len, k_len) in enumerate(specs):
@@ -298,7 +327,8 @@ def test_windowed_costs_are_brute_force_counts(seed):
         rows = plan.work_tiles_cpu.tolist()
         got = {(b, h, m): c for b, h, m, c in rows}
         assert len(got) == len(rows)
-        assert got == _brute_force_window(specs, hkv, d, hq // hkv, window_left), (
+        expect = _brute_force_window(specs, hkv, d, hq // hkv, window_left, plan.config.mma_wgs)
+        assert got == expect, (
             specs,
             window_left,
         )

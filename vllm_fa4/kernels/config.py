@@ -134,10 +134,11 @@ class TileGeometry:
     tokens_per_tile: int  # query tokens per M tile: the GQA heads of a token sit in adjacent rows
 
 
-def tile_geometry(key: KernelKey) -> TileGeometry:
-    """The tile sizes of ``key``. tile_n is a multiple of every supported page size up to 64
-    and divides 128, so a K/V tile is a whole number of pages or a whole fraction of one."""
-    tile_m, tile_n = (128, 64) if key.head_dim == 256 else (128, 128)
+def tile_geometry(key: KernelKey, mma_wgs: int = 2) -> TileGeometry:
+    """The tile sizes of ``key`` built with ``mma_wgs`` consumer warpgroups (64 rows each).
+    tile_n is a multiple of every supported page size up to 64 and divides 128, so a K/V tile
+    is a whole number of pages or a whole fraction of one."""
+    tile_m, tile_n = 64 * mma_wgs, (64 if key.head_dim == 256 else 128)
     return TileGeometry(tile_m, tile_n, tile_m // max(key.qhead_per_kvhead, 1))
 
 
@@ -181,8 +182,10 @@ class KernelConfig:
     count_visits: bool = False
     kv_stages: int = 2  # K/V pipeline depth; 3 fits shared memory for head dims <= 128
     max_box_n: int = 128  # cap on rows per K/V TMA box (pages > cap are split into boxes)
-
-    num_mma_wg = 2  # consumer warpgroups (class constant, not a flag)
+    # Consumer warpgroups, 64 Q rows each (the M tile is 64 * mma_wgs rows). 3 only at head
+    # dim 64: there a block's GEMMs take as long as its exponentials, so two warpgroups
+    # cannot hide one's softmax under the other's GEMMs; a third keeps the tensor pipe fed.
+    mma_wgs: int = 2
 
     @classmethod
     def parse(cls, spec: str) -> KernelConfig:
@@ -232,11 +235,18 @@ class KernelConfig:
             return "flag 'softmax_per_arm' needs 'overlap'"
         if self.single_poller and not self.pingpong:
             return "flag 'single_poller' needs 'pingpong'"
+        if self.mma_wgs not in (2, 3):
+            return f"mma_wgs={self.mma_wgs} (supported: 2, 3)"
+        if self.mma_wgs == 3 and key.head_dim != 64:
+            # 160 registers per consumer thread hold O, S and P at head dim 64; at 128 the
+            # block loop spills (128-key blocks) or runs 3-17 % slower (64-key blocks,
+            # measured 2026-11-24, docs/perf-notes.md).
+            return f"mma_wgs=3 at head dim {key.head_dim} (supported at head dim 64 only)"
         if self.kv_stages not in (2, 3):
             return f"kv_stages={self.kv_stages} (supported: 2, 3)"
         if self.max_box_n not in (16, 32, 64, 128):
             return f"max_box_n={self.max_box_n} (supported: 16, 32, 64, 128)"
-        geo = tile_geometry(key)
+        geo = tile_geometry(key, self.mma_wgs)
         # smem: Q tile_m*D + (K+V) per stage 2*tile_n*D elements (16-bit); 2 stages fit every
         # head dim, 3 fit head dims <= 128 (224 KB at 128).
         smem = 2 * key.head_dim * (geo.tile_m + 2 * geo.tile_n * self.kv_stages)
@@ -253,17 +263,23 @@ class KernelConfig:
 
     # pagepf keeps a tile's page indices live across the acquire: at 24 registers the
     # producer spills them (page 16), so it takes 16 from the consumers (they use < 190).
+    # With 3 consumer warpgroups the 64 K registers split 32 / 160 (40 / 152 with pagepf):
+    # 128 * producer + 384 * consumer <= 65536.
     @property
     def producer_regs(self) -> int:
+        if self.mma_wgs == 3:
+            return 40 if self.page_prefetch else 32
         return 40 if self.page_prefetch else 24
 
     @property
     def mma_regs(self) -> int:
+        if self.mma_wgs == 3:
+            return 152 if self.page_prefetch else 160
         return 232 if self.page_prefetch else 240
 
     @property
     def num_threads(self) -> int:
-        return 128 * (self.num_mma_wg + 1)
+        return 128 * (self.mma_wgs + 1)
 
 
 DEFAULT_CONFIG = KernelConfig()  # "base": no flag
@@ -285,9 +301,22 @@ OVERLAP_PINGPONG = KernelConfig(overlap=True, pingpong=True, softmax_per_arm=Tru
 PERSISTENT_OVERLAP_QPF = KernelConfig(
     overlap=True, pingpong=True, persistent=True, q_prefetch=True, softmax_per_arm=True
 )
+# Head dim 64: PERSISTENT_OVERLAP_QPF on three consumer warpgroups (192-row tiles), every
+# batch and page size. Measured 2026-11-24 (H100): Llama-3.2-1B shape 1.00-1.15 of FA3 on
+# 16 cases at pages 16 and 128 (two warpgroups: 0.87-1.00), gpt-oss shape 1.00-1.08 with and
+# without its 128-token window.
+PERSISTENT_OVERLAP_QPF_3WG = KernelConfig(
+    overlap=True,
+    pingpong=True,
+    persistent=True,
+    q_prefetch=True,
+    softmax_per_arm=True,
+    mma_wgs=3,
+)
 LONG_BATCH_MIN_PAGE = 128  # pages this large run a different config for long batches
 SHORT_BATCH_MAX_BLOCKS = 16  # mean KV tiles visited per work tile (2k tokens at tile_n 128)
 QPF_HEAD_DIMS = (128,)  # where PERSISTENT_OVERLAP_QPF was measured; others keep the old picks
+THREE_WG_HEAD_DIMS = (64,)  # PERSISTENT_OVERLAP_QPF_3WG for every batch
 
 
 @dataclass(frozen=True)
@@ -299,6 +328,18 @@ class ServingConfigs:
     long: KernelConfig
     short: KernelConfig
     short_max_blocks: int = SHORT_BATCH_MAX_BLOCKS
+
+    def __post_init__(self):
+        # The plan tiles the batch before it picks, so both must tile the same way.
+        if self.long.mma_wgs != self.short.mma_wgs:
+            raise ValueError(
+                f"serving configs {self.long.spec!r} and {self.short.spec!r} differ in "
+                "mma_wgs (the M tile): one plan cannot serve both"
+            )
+
+    def geometry(self, key: KernelKey) -> TileGeometry:
+        """The tile geometry every config here runs ``key`` with."""
+        return tile_geometry(key, self.long.mma_wgs)
 
     def pick(self, num_tiles: int, total_work: int) -> KernelConfig:
         """The config of a batch of ``num_tiles`` tiles visiting ``total_work`` K/V tiles."""
@@ -313,9 +354,12 @@ class ServingConfigs:
 
 def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> ServingConfigs:
     """What serving runs for ``key``: ``fixed`` (VLLM_FA4_VARIANT) for every batch, else
-    the measured per-head-dim and per-page-size defaults."""
+    the measured per-head-dim and per-page-size defaults (head dim 64: three consumer
+    warpgroups; 128: q_prefetch; 256: the session-3 picks)."""
     if fixed is not None:
         return ServingConfigs(long=fixed, short=fixed)
+    if key.head_dim in THREE_WG_HEAD_DIMS:
+        return ServingConfigs(long=PERSISTENT_OVERLAP_QPF_3WG, short=PERSISTENT_OVERLAP_QPF_3WG)
     long_page = key.page_size >= LONG_BATCH_MIN_PAGE
     if key.head_dim in QPF_HEAD_DIMS:
         long = PERSISTENT_OVERLAP_QPF if long_page else PERSISTENT_OVERLAP

@@ -1,19 +1,19 @@
 """SM90 (Hopper) paged, varlen, causal GQA prefill forward kernel in CuTe-DSL.
 
 One CTA per work tile (batch, kv_head, m_block), or with `persistent` min(tiles, SMs) CTAs
-that claim tiles of the ordered list as they become free. 3 warpgroups:
+that claim tiles of the ordered list as they become free. 1 + `mma_wgs` warpgroups:
   WG0  producer: warp 0 issues per-page K/V TMA boxes into a `kv_stages`-deep ring
        (one PipelineTmaAsync for K, one for V), registers lowered to `producer_regs`.
-  WG1, WG2 consumers: 64 packed (token, q-head) rows each; load their Q rows with
-       cp.async, then per KV block (last block first): S = Q K^T (SS wgmma), causal mask
-       on the diagonal blocks, online softmax (exp2), O += P V (RS wgmma, P from registers).
-       Epilogue: normalize, predicated direct stores of O and LSE.
+  WG1 .. consumers (2, or 3 at head dim 64): 64 packed (token, q-head) rows each; load
+       their Q rows with cp.async, then per KV block (last block first): S = Q K^T (SS
+       wgmma), causal mask on the diagonal blocks, online softmax (exp2), O += P V (RS
+       wgmma, P from registers). Epilogue: normalize, predicated direct stores of O and LSE.
 
 Compile-time variants (KernelConfig):
   overlap           S_j = Q K_j^T and O += P_{j+1} V_{j+1} are issued back to back and the
                     softmax of S_j runs while the P V GEMM is in flight.
-  pingpong          the two consumer warpgroups take turns issuing GEMMs (barriers.py), so
-                    one warpgroup's softmax runs under the other's GEMMs. Without
+  pingpong          the consumer warpgroups take turns issuing GEMMs (barriers.py), so
+                    one warpgroup's softmax runs under the others' GEMMs. Without
                     intra_wg_overlap a turn is {P_{j+1} V_{j+1}, S_j}.
   smem_epilogue     O staged through the warpgroup's slice of sQ, 16-byte row stores.
   persistent        producer and consumers loop over tiles with pipeline states carried
@@ -94,7 +94,7 @@ class Sm90PagedPrefill:
         self.dtype = CUTLASS_DTYPES[key.dtype]
         self.head_dim = key.head_dim
         self.qhead_per_kvhead = key.qhead_per_kvhead
-        geometry = tile_geometry(key)
+        geometry = tile_geometry(key, cfg.mma_wgs)
         self.tile_m = geometry.tile_m
         self.tile_n = geometry.tile_n
         self.tokens_per_tile = geometry.tokens_per_tile
@@ -103,8 +103,8 @@ class Sm90PagedPrefill:
         # (tile_n, box_n, page_size): the trailing arguments of the paged_kv helpers
         self.paged_tile_geometry = (self.tile_n, self.box_n, self.page_size)
         self.stages = cfg.kv_stages
-        self.num_mma_threads = 128 * cfg.num_mma_wg
-        assert self.tile_m == 64 * cfg.num_mma_wg
+        self.num_mma_threads = 128 * cfg.mma_wgs
+        self.turns = cfg.mma_wgs if cfg.pingpong else 0  # warpgroups taking turns (barriers.py)
         assert self.tile_n % self.box_n == 0 and self.head_dim % D_CHUNK == 0
 
     # ---------------------------------------------------------------- host-side helpers
@@ -177,7 +177,7 @@ class Sm90PagedPrefill:
             tma_op, pool_view(mV), box_layout, (self.box_n, D_CHUNK)
         )
 
-        mma_layout = (self.cfg.num_mma_wg, 1, 1)
+        mma_layout = (self.cfg.mma_wgs, 1, 1)
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             self.dtype,
             self.dtype,
@@ -323,7 +323,7 @@ class Sm90PagedPrefill:
         else:
             cute.arch.setmaxregister_increase(self.cfg.mma_regs)
             wg = cute.arch.make_warp_uniform((tidx - 128) // 128)
-            turns_begin(self.cfg.pingpong, wg)  # once per CTA: turns alternate across tiles
+            turns_begin(self.turns, wg)  # once per CTA: turns alternate across tiles
             cons_args = (mQ, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v)
             cons_args = (*cons_args, mSinks, window_left, softcap_prescale, scale_log2, tidx - 128)
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -674,9 +674,9 @@ class Sm90PagedPrefill:
             n_block = n_max - 1
             pipe_k.consumer_wait(state)
             acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
-            turn_wait(pp, wg)
+            turn_wait(self.turns, wg)
             _wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True, -1)
-            turn_pass(pp, wg)
+            turn_pass(self.turns, wg)
             warpgroup.wait_group(0)
             pipe_k.consumer_release(state)
             if cutlass.const_expr(softcap_prescale is not None):
@@ -716,12 +716,12 @@ class Sm90PagedPrefill:
                     n_block = n_max - 1 - i
                     self.wait_turn_stage(pipe_k, state, wg)
                     acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
-                    turn_wait(pp, wg)
+                    turn_wait(self.turns, wg)
                     _wgmma(
                         tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state_v.index], False, -1
                     )
                     _wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True, -1)
-                    turn_pass(pp, wg)
+                    turn_pass(self.turns, wg)
                     warpgroup.wait_group(0)
                     pipe_v.consumer_release(state_v)
                     pipe_k.consumer_release(state)
@@ -739,12 +739,12 @@ class Sm90PagedPrefill:
                     n_block = n_max - 1 - i
                     self.wait_turn_stage(pipe_k, state, wg)
                     acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
-                    turn_wait(pp, wg)
+                    turn_wait(self.turns, wg)
                     _wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True, -1)
                     _wgmma(
                         tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state_v.index], False, -1
                     )
-                    turn_pass(pp, wg)
+                    turn_pass(self.turns, wg)
                     warpgroup.wait_group(1)  # S_j done; P_{j+1} V_{j+1} may still run
                     pipe_k.consumer_release(state)
                     self.softmax_block(acc_S, n_block, *softmax_args)
@@ -761,9 +761,9 @@ class Sm90PagedPrefill:
                 )
             if cutlass.const_expr(self.cfg.overlap or pp):
                 # The last block's P V, left in flight by both overlapped loops.
-                turn_wait(pp, wg)
+                turn_wait(self.turns, wg)
                 _wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state_v.index], False, -1)
-                turn_pass(pp, wg)
+                turn_pass(self.turns, wg)
                 warpgroup.wait_group(0)
                 pipe_v.consumer_release(state_v)
         elif cutlass.const_expr(self.cfg.q_prefetch):  # empty tile: nothing read sQ

@@ -27,7 +27,6 @@ from vllm_fa4.kernels.config import (
     TileGeometry,
     check_window,
     serving_configs,
-    tile_geometry,
 )
 from vllm_fa4.kernels.launch import LaunchArgs
 
@@ -243,7 +242,9 @@ def plan_prefill(
             f"too few for seq_len {max_seqlen_k}"
         )
 
-    geometry = tile_geometry(key)
+    if not isinstance(config, ServingConfigs):
+        config = serving_configs(key, config)
+    geometry = config.geometry(key)
     if geometry.tokens_per_tile < 1:
         raise ValueError(
             f"GQA group size {key.qhead_per_kvhead} exceeds the M tile ({geometry.tile_m} rows)"
@@ -271,8 +272,6 @@ def plan_prefill(
         host = tiles32
         work_tiles = host if device.type == "cpu" else host.to(device)
 
-    if not isinstance(config, ServingConfigs):
-        config = serving_configs(key, config)
     return PrefillPlan(
         key=key,
         config=config.pick(num_tiles, total_work),
