@@ -55,6 +55,8 @@ def turn_wait(turns: cutlass.Constexpr[int], wg: Int32):
 
 @cute.jit
 def turn_pass(turns: cutlass.Constexpr[int], wg: Int32):
+    # Two warpgroups keep their `1 - wg` form: the general wrap below computes the same id
+    # but would change the machine code of every existing config.
     if cutlass.const_expr(turns == 2):
         cute.arch.barrier_arrive(
             barrier_id=turn_barrier(turns, 1 - wg), number_of_threads=_TURN_THREADS
