@@ -20,12 +20,16 @@ def variant(request):
     return request.param
 
 
-def run_case(specs, hq, hkv, hd, page, dtype, variant, seed=0, check_lse=True, q_pad=0):
+def run_case(
+    specs, hq, hkv, hd, page, dtype, variant, seed=0, check_lse=True, q_pad=0, key_ramp=None
+):
     """Plan (the planner's own work list) and run one batch with config ``variant``; check it
     against the fp32 reference. Returns (out, lse, (plan, q, case))."""
     from vllm_fa4.testing import cases, checks
 
     case = cases.make_paged_case(specs, hq, hkv, hd, page, dtype, "cuda", seed=seed)
+    if key_ramp is not None:
+        case.ramp_keys(key_ramp)
     if variant is not None and (why := variant.unsupported_reason(case.key)):
         pytest.skip(f"{config_id(variant)} does not build this key: {why}")
     q = case.q
@@ -72,6 +76,16 @@ def test_chunked_prefix(page, hd, variant):
         page,
         torch.bfloat16,
         variant,
+    )
+
+
+@pytest.mark.parametrize("hd", [64, 128, 256])
+def test_rising_row_max(hd, variant):
+    # Keys up to 40x larger towards each request's start: while the blocks are visited right
+    # to left, row maxima jump by far more than lazy_max's margin (~140 in exp2 units, so a
+    # max that failed to move would overflow exp2), and O must be rescaled with them.
+    run_case(
+        [(700, 2100), (300, 300), (5, 1000)], 16, 4, hd, 16, torch.bfloat16, variant, key_ramp=40.0
     )
 
 

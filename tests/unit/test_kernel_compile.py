@@ -159,23 +159,40 @@ def test_serving_configs_by_head_dim_page_size_and_batch():
         serving_configs,
     )
 
+    def lazy(config):
+        return dataclasses.replace(config, lazy_max=True)
+
     assert PERSISTENT_OVERLAP.persistent and PERSISTENT_OVERLAP.overlap
     assert KernelConfig.parse(PERSISTENT_OVERLAP.spec + "+q_prefetch") == PERSISTENT_OVERLAP_QPF
-    for page in (16, 32, 64):  # head dim 128: q_prefetch for short batches only
+    for page in (16, 32, 64):  # head dim 128: q_prefetch + lazy_max for every batch
         configs = serving_configs(KernelKey("bfloat16", 128, page, 4))
-        assert configs.all == (PERSISTENT_OVERLAP, PERSISTENT_OVERLAP_QPF)
-        assert configs.pick(100, 10**6) == PERSISTENT_OVERLAP
-        assert configs.pick(100, 100) == PERSISTENT_OVERLAP_QPF
+        assert configs.all == (lazy(PERSISTENT_OVERLAP_QPF),)
+        # with a sliding window (lazy_max not measured there): the session-4 picks
+        windowed = serving_configs(KernelKey("bfloat16", 128, page, 4, sliding_window=True))
+        assert windowed.all == (PERSISTENT_OVERLAP, PERSISTENT_OVERLAP_QPF)
+        assert windowed.pick(100, 10**6) == PERSISTENT_OVERLAP
+        assert windowed.pick(100, 100) == PERSISTENT_OVERLAP_QPF
     p128 = KernelKey("bfloat16", 128, 128, 4)
-    assert serving_configs(p128).all == (PERSISTENT_OVERLAP_QPF,)  # every batch
+    configs = serving_configs(p128)  # page 128: long batches without q_prefetch
+    assert configs.all == (lazy(PERSISTENT_OVERLAP), lazy(PERSISTENT_OVERLAP_QPF))
+    assert configs.pick(100, 10**6) == lazy(PERSISTENT_OVERLAP)
+    assert configs.pick(100, 100) == lazy(PERSISTENT_OVERLAP_QPF)
+    p128_windowed = KernelKey("bfloat16", 128, 128, 4, sliding_window=True)
+    assert serving_configs(p128_windowed).all == (PERSISTENT_OVERLAP_QPF,)
     assert dataclasses.replace(PERSISTENT_OVERLAP_QPF, mma_wgs=3) == PERSISTENT_OVERLAP_QPF_3WG
     for page in (16, 64, 128):  # head dim 64: three warpgroups, every batch
         configs = serving_configs(KernelKey("bfloat16", 64, page, 8))
-        assert configs.all == (PERSISTENT_OVERLAP_QPF_3WG,)
-    for page in (16, 64):  # head dim 256: no q_prefetch (not measured there)
+        assert configs.all == (lazy(PERSISTENT_OVERLAP_QPF_3WG),)
+        # gpt-oss's 128-key window lost 3-4 % with lazy_max
+        windowed = serving_configs(KernelKey("bfloat16", 64, page, 8, sliding_window=True))
+        assert windowed.all == (PERSISTENT_OVERLAP_QPF_3WG,)
+    for page in (16, 64):  # head dim 256: lazy_max for long batches only
         configs = serving_configs(KernelKey("bfloat16", 256, page, 4))
-        assert configs.all == (PERSISTENT_OVERLAP,)
-        assert configs.pick(100, 10**6) == configs.pick(100, 100) == PERSISTENT_OVERLAP
+        assert configs.all == (lazy(PERSISTENT_OVERLAP), PERSISTENT_OVERLAP)
+        assert configs.pick(100, 10**6) == lazy(PERSISTENT_OVERLAP)
+        assert configs.pick(100, 100) == PERSISTENT_OVERLAP
+        windowed = serving_configs(KernelKey("bfloat16", 256, page, 4, sliding_window=True))
+        assert windowed.all == (PERSISTENT_OVERLAP,)
     configs = serving_configs(KernelKey("bfloat16", 256, 128, 4))
     assert configs.all == (OVERLAP_PINGPONG, PERSISTENT_OVERLAP)
     limit = configs.short_max_blocks

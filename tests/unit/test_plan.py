@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -272,8 +273,12 @@ def test_plan_uses_sections_and_picks_the_config_per_batch():
         PERSISTENT_OVERLAP_QPF_3WG,
     )
 
+    def lazy(config):
+        return dataclasses.replace(config, lazy_max=True)
+
     plan = _plan([(16384, 16384)], page=128)
-    assert plan.config == PERSISTENT_OVERLAP_QPF  # head dim 128, page 128: every batch
+    assert plan.config == lazy(PERSISTENT_OVERLAP)  # head dim 128, page 128, long batch
+    assert _plan([(512, 512)] * 8, page=128).config == lazy(PERSISTENT_OVERLAP_QPF)
     heads_first = {r[1] for r in plan.work_tiles_cpu[:132].tolist()}
     assert len(heads_first) <= 2  # 8 MB of K/V per head, 16 MiB sections
     # head dim 256 at page 128: long tiles run the one-CTA-per-tile grid ...
@@ -281,13 +286,16 @@ def test_plan_uses_sections_and_picks_the_config_per_batch():
     assert _plan([(2048, 65536 + 2048)], d=256, page=128).config == OVERLAP_PINGPONG
     # ... and 512-token requests (tiles visit 1-8 K/V tiles) the persistent grid
     assert _plan([(512, 512)] * 8, d=256, page=128).config == PERSISTENT_OVERLAP
+    # head dim 256 below page 128: lazy_max for long batches only
+    assert _plan([(16384, 16384)], d=256, page=16).config == lazy(PERSISTENT_OVERLAP)
+    assert _plan([(512, 512)] * 8, d=256, page=16).config == PERSISTENT_OVERLAP
     # head dim 64: three warpgroups (192-row tiles) for every batch and page
     for specs, page in (([(16384, 16384)], 128), ([(512, 512)] * 8, 16)):
         plan = _plan(specs, d=64, page=page)
-        assert plan.config == PERSISTENT_OVERLAP_QPF_3WG and plan.geometry.tile_m == 192
-    # below page 128, head dim 128: long batches without q_prefetch, short ones with it
-    assert _plan([(16384, 16384)], page=16).config == PERSISTENT_OVERLAP
-    assert _plan([(512, 512)] * 8, page=16).config == PERSISTENT_OVERLAP_QPF
+        assert plan.config == lazy(PERSISTENT_OVERLAP_QPF_3WG) and plan.geometry.tile_m == 192
+    # below page 128, head dim 128: one config for every batch
+    assert _plan([(16384, 16384)], page=16).config == lazy(PERSISTENT_OVERLAP_QPF)
+    assert _plan([(512, 512)] * 8, page=16).config == lazy(PERSISTENT_OVERLAP_QPF)
 
 
 # --- sliding window (issue 11) -------------------------------------------------------------
@@ -357,7 +365,10 @@ def test_window_wider_than_the_context_is_no_window():
     for window_left in (max(k for _, k in SPECS), max(k for _, k in SPECS) - 1, 10**9):
         windowed = _plan(SPECS, window_left=window_left)
         assert torch.equal(windowed.work_tiles_cpu, plain.work_tiles_cpu)
-        assert windowed.total_work == plain.total_work and windowed.config == plain.config
+        assert windowed.total_work == plain.total_work
+        # the config is picked per key (windowed keys run without lazy_max); the tiling is not
+        assert windowed.geometry == plain.geometry
+        assert dataclasses.replace(windowed.config, lazy_max=True) == plain.config
         assert windowed.window_left == window_left and plain.window_left is None
     narrower = _plan(SPECS, window_left=max(k for _, k in SPECS) - 200)
     assert narrower.total_work < plain.total_work

@@ -177,6 +177,10 @@ class KernelConfig:
     # With pingpong: inside the block loops only the first consumer warpgroup polls the K/V
     # "full" mbarriers; the second is ordered behind it by the turn barrier (FA3's scheme).
     single_poller: bool = False
+    # FA4's conditional rescaling: a row's running max moves only when a block raises it by
+    # more than 2^8 (exp2 units), so after the first blocks O is rescaled only by warps where
+    # some row moved (a warp vote), not on every block.
+    lazy_max: bool = False
     # Test-only instrumentation: a consumer thread adds 1 to its tile's cost column of
     # work_tiles after the tile's epilogue, so a test can check each tile ran exactly once.
     count_visits: bool = False
@@ -311,6 +315,13 @@ QPF_HEAD_DIMS = (128,)  # where PERSISTENT_OVERLAP_QPF was measured; others keep
 THREE_WG_HEAD_DIMS = (64,)  # PERSISTENT_OVERLAP_QPF_3WG for every batch
 
 
+def with_lazy_max(config: KernelConfig, key: KernelKey) -> KernelConfig:
+    """``config`` with `lazy_max` where it was measured to win (session 7, H100 and H200):
+    every key without a sliding window. With gpt-oss's 128-key window a row visits about two
+    blocks, its max moves on most of them, and the flag lost 3-4 % there."""
+    return replace(config, lazy_max=not key.sliding_window)
+
+
 @dataclass(frozen=True)
 class ServingConfigs:
     """The configs serving may launch for one key, picked per batch on the host (the plan):
@@ -346,16 +357,28 @@ class ServingConfigs:
 
 def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> ServingConfigs:
     """What serving runs for ``key``: ``fixed`` (VLLM_FA4_VARIANT) for every batch, else
-    the measured per-head-dim and per-page-size defaults (head dim 64: three consumer
-    warpgroups; 128: q_prefetch; 256: the session-3 picks)."""
+    the measured per-head-dim and per-page-size defaults (docs/perf-notes.md, sessions 3-7):
+
+    head dim 64    three consumer warpgroups with q_prefetch (+ lazy_max), every batch
+    head dim 128   page 128, long batches: PERSISTENT_OVERLAP + lazy_max; every other batch
+                   PERSISTENT_OVERLAP_QPF + lazy_max (sliding window: the session-4 picks)
+    head dim 256   page 128: long OVERLAP_PINGPONG, short PERSISTENT_OVERLAP (session 3);
+                   smaller pages: long PERSISTENT_OVERLAP + lazy_max, short without lazy_max
+                   (512x32 lost 1.5-2.6 % with it)
+    """
     if fixed is not None:
         return ServingConfigs(long=fixed, short=fixed)
     if key.head_dim in THREE_WG_HEAD_DIMS:
-        return ServingConfigs(long=PERSISTENT_OVERLAP_QPF_3WG, short=PERSISTENT_OVERLAP_QPF_3WG)
+        both = with_lazy_max(PERSISTENT_OVERLAP_QPF_3WG, key)
+        return ServingConfigs(long=both, short=both)
     long_page = key.page_size >= LONG_BATCH_MIN_PAGE
     if key.head_dim in QPF_HEAD_DIMS:
-        long = PERSISTENT_OVERLAP_QPF if long_page else PERSISTENT_OVERLAP
-        return ServingConfigs(long=long, short=PERSISTENT_OVERLAP_QPF)
+        if key.sliding_window:  # the session-4 picks (lazy_max not measured with a window)
+            long = PERSISTENT_OVERLAP_QPF if long_page else PERSISTENT_OVERLAP
+            return ServingConfigs(long=long, short=PERSISTENT_OVERLAP_QPF)
+        short = with_lazy_max(PERSISTENT_OVERLAP_QPF, key)
+        long = with_lazy_max(PERSISTENT_OVERLAP, key) if long_page else short
+        return ServingConfigs(long=long, short=short)
     if long_page:
         return ServingConfigs(long=OVERLAP_PINGPONG, short=PERSISTENT_OVERLAP)
-    return ServingConfigs(long=PERSISTENT_OVERLAP, short=PERSISTENT_OVERLAP)
+    return ServingConfigs(long=with_lazy_max(PERSISTENT_OVERLAP, key), short=PERSISTENT_OVERLAP)

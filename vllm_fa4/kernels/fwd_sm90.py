@@ -57,6 +57,7 @@ from vllm_fa4.kernels.softmax import (
     acc_as_operand_a,
     acc_rows_view,
     apply_softcap,
+    rescale_needed,
     scale_rows,
     softmax_step,
 )
@@ -569,6 +570,21 @@ class Sm90PagedPrefill:
             window_left,
         )
 
+    @property
+    def softmax_opts(self):
+        """softmax_step's compile-time options of this config."""
+        return (self.cfg.lazy_max,)
+
+    @cute.jit
+    def rescale_o(self, acc_O: cute.Tensor, row_scale: cute.Tensor):
+        """O *= the block's row scales; with `lazy_max` only when some row of the warp moved
+        its max (the others' scales are exactly 1)."""
+        if cutlass.const_expr(self.cfg.lazy_max):
+            if rescale_needed(row_scale):
+                scale_rows(acc_O, row_scale)
+        else:
+            scale_rows(acc_O, row_scale)
+
     @cute.jit
     def softmax_block(
         self, acc_S, n_block, tScS, work, diag, row_max, row_sum, row_scale, scale_log2, feats
@@ -582,6 +598,7 @@ class Sm90PagedPrefill:
         p128: 15 % of warp samples on the wait); with the softmax in the arms the wait stays
         after it, at the join."""
         per_arm = self.cfg.softmax_per_arm
+        opts = self.softmax_opts
         window_left, softcap_prescale = feats
         if cutlass.const_expr(softcap_prescale is not None):
             apply_softcap(acc_S, softcap_prescale)
@@ -591,12 +608,12 @@ class Sm90PagedPrefill:
         if needs_mask:
             self.mask(acc_S, tScS, n_block, work, diag, window_left)
             if cutlass.const_expr(per_arm):
-                softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False)
+                softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False, *opts)
         else:
             if cutlass.const_expr(per_arm):
-                softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False)
+                softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False, *opts)
         if cutlass.const_expr(not per_arm):
-            softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False)
+            softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False, *opts)
 
     @cute.jit
     def consume(
@@ -682,7 +699,7 @@ class Sm90PagedPrefill:
             if cutlass.const_expr(softcap_prescale is not None):
                 apply_softcap(acc_S, softcap_prescale)
             self.mask(acc_S, tScS, n_block, work, diag, window_left)
-            softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, True)
+            softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, True, *self.softmax_opts)
             tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
             pipe_v.consumer_wait(state)
             valid_rows = work.k_len - n_block * self.tile_n
@@ -699,7 +716,7 @@ class Sm90PagedPrefill:
                     _wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True, 0)
                     pipe_k.consumer_release(state)
                     self.softmax_block(acc_S, n_block, *softmax_args)
-                    scale_rows(acc_O, row_scale)
+                    self.rescale_o(acc_O, row_scale)
                     tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
                     pipe_v.consumer_wait(state)
                     _wgmma(
@@ -726,7 +743,7 @@ class Sm90PagedPrefill:
                     pipe_v.consumer_release(state_v)
                     pipe_k.consumer_release(state)
                     self.softmax_block(acc_S, n_block, *softmax_args)
-                    scale_rows(acc_O, row_scale)
+                    self.rescale_o(acc_O, row_scale)
                     tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
                     state.advance()
                     state_v.advance()
@@ -750,7 +767,7 @@ class Sm90PagedPrefill:
                     self.softmax_block(acc_S, n_block, *softmax_args)
                     warpgroup.wait_group(0)
                     pipe_v.consumer_release(state_v)
-                    scale_rows(acc_O, row_scale)
+                    self.rescale_o(acc_O, row_scale)
                     tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
                     state.advance()
                     state_v.advance()

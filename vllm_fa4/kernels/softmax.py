@@ -8,6 +8,9 @@ from cutlass import Float32
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
+# lazy_max: how far (in exp2 units) a block may exceed a row's running max before the max
+# moves; P <= 2^8 stays exact in bf16/fp16 and row sums of 10^6 keys stay far from overflow.
+LAZY_MAX_MARGIN_LOG2 = 8.0
 
 
 def acc_rows_view(acc: cute.Tensor) -> cute.Tensor:
@@ -53,11 +56,16 @@ def softmax_step(
     row_scale: cute.Tensor,
     scale_log2: Float32,
     is_first: cutlass.Constexpr[bool],
+    lazy_max: cutlass.Constexpr[bool] = False,
 ):
     """S -> unnormalized P in place; row_scale[i] = factor to apply to O's row i.
 
     row_max / row_sum are this thread's running stats (row_sum stays a per-thread partial
-    until softmax_finish)."""
+    until softmax_finish).
+
+    lazy_max: a row's running max moves only when the block raises it by more than
+    LAZY_MAX_MARGIN_LOG2 (else row_scale is exactly 1 and P, row sums stay <= 2^margin), so
+    most blocks leave O alone (rescale_needed)."""
     sS = acc_rows_view(acc_S)
     ncol = cute.size(sS, mode=[1])
     for i in cutlass.range_constexpr(cute.size(row_max)):
@@ -67,6 +75,10 @@ def softmax_step(
         blk_max = quad_allreduce(blk_max, True)
         prev_max = row_max[i]
         new_max = cute.arch.fmax(prev_max, blk_max)
+        if cutlass.const_expr(lazy_max and not is_first):
+            # -inf -> finite grows by +inf (moves); -inf -> -inf is NaN (stays -inf).
+            moved = (new_max - prev_max) * scale_log2 > Float32(LAZY_MAX_MARGIN_LOG2)
+            new_max = new_max if moved else prev_max
         # A row that has seen only masked keys keeps max -inf: shift by 0 so exp2 gives 0.
         safe_max = new_max if new_max != -Float32.inf else Float32(0.0)
         neg_shift = -safe_max * scale_log2
@@ -80,6 +92,8 @@ def softmax_step(
             row_sum[i] = part
         else:
             scale = cute.math.exp2(prev_max * scale_log2 + neg_shift, fastmath=True)
+            if cutlass.const_expr(lazy_max):
+                scale = scale if moved else Float32(1.0)
             row_scale[i] = scale
             row_sum[i] = row_sum[i] * scale + part
         row_max[i] = new_max
@@ -123,6 +137,16 @@ def softmax_finish(
             total = total * kept + cute.math.exp2(sink_log2[i] - top, fastmath=True)
             inv_sum[i] = kept * cute.arch.rcp_approx(total)
             lse[i] = (top + cute.math.log2(total, fastmath=True)) * LN_2
+
+
+@cute.jit
+def rescale_needed(row_scale: cute.Tensor):
+    """lazy_max: whether any row of this warp has a scale other than exactly 1 (warp-uniform,
+    so the skip is a branch, not predicated FMULs)."""
+    moved = row_scale[0] != Float32(1.0)
+    for i in cutlass.range_constexpr(1, cute.size(row_scale)):
+        moved = moved | (row_scale[i] != Float32(1.0))
+    return cute.arch.vote_any_sync(moved)
 
 
 @cute.jit

@@ -54,6 +54,18 @@ class PagedCase:
         """The cache as vLLM's attention forward receives it: [blocks, Hkv, page, 2*D] view."""
         return self.kv_cache.transpose(1, 2)
 
+    def ramp_keys(self, top: float) -> None:
+        """Scale each request's keys in place by a factor falling linearly from ``top`` on its
+        first page to 1 on its last: the kernel visits blocks right to left, so row maxima keep
+        rising by large steps (the path where a lazily kept running max has to move)."""
+        d = self.head_dim
+        for b in range(len(self.specs)):
+            n = -(-self.specs[b][1] // self.page_size)
+            for p in range(n):
+                factor = top - (top - 1.0) * p / max(n - 1, 1)
+                blk = int(self.block_table[b, p])
+                self.kv_cache[blk, :, :, :d] *= factor
+
     @property
     def num_tokens(self) -> int:
         return self.q.shape[0]

@@ -38,6 +38,11 @@ ALL_CONFIGS = tuple(
         # FA3's habits, measured neutral (docs/perf-notes.md, session 5): opt-in only
         "overlap+pingpong+persistent+q_prefetch+softmax_per_arm+kv_evict_last+single_poller",
         "pingpong+page_prefetch+kv_evict_last+single_poller",
+        # FA4's conditional rescaling (session 7)
+        "overlap+pingpong+persistent+q_prefetch+softmax_per_arm+lazy_max",
+        "overlap+pingpong+persistent+softmax_per_arm+lazy_max",
+        "lazy_max",
+        "overlap+pingpong+persistent+q_prefetch+softmax_per_arm+lazy_max+mma_wgs=3",
         # three consumer warpgroups, 192-row tiles (head dim 64 only)
         "overlap+pingpong+persistent+q_prefetch+softmax_per_arm+mma_wgs=3",
         "overlap+pingpong+persistent+softmax_per_arm+mma_wgs=3",
