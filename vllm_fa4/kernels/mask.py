@@ -32,7 +32,10 @@ def apply_causal_mask(
             for j in cutlass.range_constexpr(cute.size(sS, mode=[1])):
                 sS[i, j] = -Float32.inf if cS[0, j][1] > limit else sS[i, j]
         else:
-            first = limit - window_left
+            # visible iff 0 <= d <= window_left for d = limit - col, i.e. iff neither d nor
+            # window_left - d is negative: one sign test of their OR per element. (Two
+            # compares per element ran the three-warpgroup loop out of registers: 65 spills.)
             for j in cutlass.range_constexpr(cute.size(sS, mode=[1])):
-                col = cS[0, j][1]
-                sS[i, j] = -Float32.inf if (col > limit) | (col < first) else sS[i, j]
+                dist = limit - cS[0, j][1]
+                outside = (dist | (window_left - dist)) < 0
+                sS[i, j] = -Float32.inf if outside else sS[i, j]
