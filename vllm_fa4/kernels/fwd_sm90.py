@@ -570,11 +570,6 @@ class Sm90PagedPrefill:
             window_left,
         )
 
-    @property
-    def softmax_opts(self):
-        """softmax_step's compile-time options of this config."""
-        return (self.cfg.lazy_max,)
-
     @cute.jit
     def rescale_o(self, acc_O: cute.Tensor, row_scale: cute.Tensor):
         """O *= the block's row scales; with `lazy_max` only when some row of the warp moved
@@ -598,7 +593,7 @@ class Sm90PagedPrefill:
         p128: 15 % of warp samples on the wait); with the softmax in the arms the wait stays
         after it, at the join."""
         per_arm = self.cfg.softmax_per_arm
-        opts = self.softmax_opts
+        lazy = self.cfg.lazy_max
         window_left, softcap_prescale = feats
         if cutlass.const_expr(softcap_prescale is not None):
             apply_softcap(acc_S, softcap_prescale)
@@ -608,12 +603,12 @@ class Sm90PagedPrefill:
         if needs_mask:
             self.mask(acc_S, tScS, n_block, work, diag, window_left)
             if cutlass.const_expr(per_arm):
-                softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False, *opts)
+                softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False, lazy)
         else:
             if cutlass.const_expr(per_arm):
-                softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False, *opts)
+                softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False, lazy)
         if cutlass.const_expr(not per_arm):
-            softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False, *opts)
+            softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False, lazy)
 
     @cute.jit
     def consume(
@@ -699,7 +694,7 @@ class Sm90PagedPrefill:
             if cutlass.const_expr(softcap_prescale is not None):
                 apply_softcap(acc_S, softcap_prescale)
             self.mask(acc_S, tScS, n_block, work, diag, window_left)
-            softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, True, *self.softmax_opts)
+            softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, True, self.cfg.lazy_max)
             tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
             pipe_v.consumer_wait(state)
             valid_rows = work.k_len - n_block * self.tile_n
