@@ -25,6 +25,9 @@ SCHEDULERS = [
     "overlap+pingpong+persistent+q_prefetch+softmax_per_arm",
     # three consumer warpgroups (head dim 64 only): three turns, 192-row tiles
     "overlap+pingpong+persistent+q_prefetch+softmax_per_arm+mma_wgs=3",
+    # Q by the producer's TMA into a two-stage ring, a tile ahead of the consumers
+    "persistent+q_tma",
+    "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma",
 ]
 
 # (specs, Hq, Hkv, num_ctas: None = min(tiles, SMs))

@@ -85,6 +85,18 @@ VARIANT_CASES = [
     ("overlap+page_prefetch", KernelKey("float16", 256, 16, 3)),
     ("smem_epilogue+persistent", KernelKey("bfloat16", 256, 128, 8)),
     ("persistent+kv_stages=3", KernelKey("float16", 64, 32, 1)),
+    # q_tma's box (G heads x T tokens x 64): a group that does not divide the tile (3: 126
+    # of 128 rows), one head per KV head, 32 heads (4 tokens), three warpgroups
+    (
+        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma",
+        KernelKey("bfloat16", 128, 128, 3),
+    ),
+    ("persistent+q_tma", KernelKey("float16", 128, 16, 1)),
+    ("q_tma", KernelKey("bfloat16", 128, 32, 32)),
+    (
+        "overlap+pingpong+persistent+softmax_per_arm+q_tma+mma_wgs=3",
+        KernelKey("bfloat16", 64, 128, 8),
+    ),
 ]
 
 
@@ -148,6 +160,19 @@ def test_config_spellings_roundtrip(monkeypatch):
     assert "needs 'persistent'" in KernelConfig.parse("q_prefetch").unsupported_reason(key)
     both = KernelConfig.parse("smem_epilogue+persistent+q_prefetch")
     assert "exclude each other" in both.unsupported_reason(key)
+    for other in ("persistent+q_prefetch", "smem_epilogue"):
+        both = KernelConfig.parse(f"q_tma+{other}")
+        assert "exclude each other" in both.unsupported_reason(key)
+    # two Q stages: 2 K/V stages fit head dim 128, not 256; 3 K/V stages fit head dim 64 only
+    assert KernelConfig.parse("q_tma").unsupported_reason(key) is None
+    assert "2 Q stages" in KernelConfig.parse("q_tma").unsupported_reason(
+        KernelKey("bfloat16", 256, 16, 4)
+    )
+    assert "256 KB" in KernelConfig.parse("q_tma+kv_stages=3").unsupported_reason(key)
+    assert (
+        KernelConfig.parse("q_tma+kv_stages=3").unsupported_reason(KernelKey("bfloat16", 64, 16, 4))
+        is None
+    )
 
 
 def test_serving_configs_by_head_dim_page_size_and_batch():
@@ -156,6 +181,8 @@ def test_serving_configs_by_head_dim_page_size_and_batch():
         PERSISTENT_OVERLAP,
         PERSISTENT_OVERLAP_QPF,
         PERSISTENT_OVERLAP_QPF_3WG,
+        PERSISTENT_OVERLAP_QTMA,
+        PERSISTENT_OVERLAP_QTMA_3WG,
         serving_configs,
     )
 
@@ -164,25 +191,24 @@ def test_serving_configs_by_head_dim_page_size_and_batch():
 
     assert PERSISTENT_OVERLAP.persistent and PERSISTENT_OVERLAP.overlap
     assert KernelConfig.parse(PERSISTENT_OVERLAP.spec + "+q_prefetch") == PERSISTENT_OVERLAP_QPF
-    for page in (16, 32, 64):  # head dim 128: q_prefetch + lazy_max for every batch
+    assert KernelConfig.parse(PERSISTENT_OVERLAP.spec + "+q_tma") == PERSISTENT_OVERLAP_QTMA
+    for page in (16, 32, 64, 128):  # head dim 128: q_tma + lazy_max for every batch
         configs = serving_configs(KernelKey("bfloat16", 128, page, 4))
-        assert configs.all == (lazy(PERSISTENT_OVERLAP_QPF),)
+        assert configs.all == (lazy(PERSISTENT_OVERLAP_QTMA),)
+    for page in (16, 32, 64):
         # with a sliding window (lazy_max not measured there): the session-4 picks
         windowed = serving_configs(KernelKey("bfloat16", 128, page, 4, sliding_window=True))
         assert windowed.all == (PERSISTENT_OVERLAP, PERSISTENT_OVERLAP_QPF)
         assert windowed.pick(100, 10**6) == PERSISTENT_OVERLAP
         assert windowed.pick(100, 100) == PERSISTENT_OVERLAP_QPF
     p128 = KernelKey("bfloat16", 128, 128, 4)
-    configs = serving_configs(p128)  # page 128: long batches without q_prefetch
-    assert configs.all == (lazy(PERSISTENT_OVERLAP), lazy(PERSISTENT_OVERLAP_QPF))
-    assert configs.pick(100, 10**6) == lazy(PERSISTENT_OVERLAP)
-    assert configs.pick(100, 100) == lazy(PERSISTENT_OVERLAP_QPF)
     p128_windowed = KernelKey("bfloat16", 128, 128, 4, sliding_window=True)
     assert serving_configs(p128_windowed).all == (PERSISTENT_OVERLAP_QPF,)
     assert dataclasses.replace(PERSISTENT_OVERLAP_QPF, mma_wgs=3) == PERSISTENT_OVERLAP_QPF_3WG
+    assert dataclasses.replace(PERSISTENT_OVERLAP_QTMA, mma_wgs=3) == PERSISTENT_OVERLAP_QTMA_3WG
     for page in (16, 64, 128):  # head dim 64: three warpgroups, every batch
         configs = serving_configs(KernelKey("bfloat16", 64, page, 8))
-        assert configs.all == (lazy(PERSISTENT_OVERLAP_QPF_3WG),)
+        assert configs.all == (lazy(PERSISTENT_OVERLAP_QTMA_3WG),)
         # gpt-oss's 128-key window: lazy_max has nothing to skip there (0 to -1.8 %)
         windowed = serving_configs(KernelKey("bfloat16", 64, page, 8, sliding_window=True))
         assert windowed.all == (PERSISTENT_OVERLAP_QPF_3WG,)

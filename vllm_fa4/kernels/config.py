@@ -168,6 +168,11 @@ class KernelConfig:
     # Q K^T of the tile has completed and starts that tile's Q copies, which then land under
     # the last P V and the epilogue instead of stalling the next tile's start.
     q_prefetch: bool = False
+    # The producer warp loads Q with TMA into a two-stage ring, at the start of the tile's
+    # loads (a whole tile ahead of the consumers with `persistent`); the consumers wait on its
+    # mbarrier and free the stage after their last Q K^T. One 3-D box per 64 columns of D
+    # (64 x G heads x tokens) lands as the packed rows (token, head) of the swizzled sQ.
+    q_tma: bool = False
     # With overlap: the softmax sits in both arms of the causal-mask branch, which keeps
     # ptxas from hoisting the P V wgmma wait above it (fwd_sm90.softmax_block).
     softmax_per_arm: bool = False
@@ -235,6 +240,9 @@ class KernelConfig:
             return "flag 'q_prefetch' needs 'persistent'"
         if self.q_prefetch and self.smem_epilogue:
             return "flags 'q_prefetch' and 'smem_epilogue' exclude each other (both use sQ)"
+        if self.q_tma and (self.q_prefetch or self.smem_epilogue):
+            other = "q_prefetch" if self.q_prefetch else "smem_epilogue"
+            return f"flags 'q_tma' and '{other}' exclude each other (both use sQ)"
         if self.softmax_per_arm and not self.overlap:
             return "flag 'softmax_per_arm' needs 'overlap'"
         if self.single_poller and not self.pingpong:
@@ -251,15 +259,22 @@ class KernelConfig:
         if self.max_box_n not in (16, 32, 64, 128):
             return f"max_box_n={self.max_box_n} (supported: 16, 32, 64, 128)"
         geo = tile_geometry(key, self.mma_wgs)
-        # smem: Q tile_m*D + (K+V) per stage 2*tile_n*D elements (16-bit); 2 stages fit every
-        # head dim, 3 fit head dims <= 128 (224 KB at 128).
-        smem = 2 * key.head_dim * (geo.tile_m + 2 * geo.tile_n * self.kv_stages)
+        # smem: Q tile_m*D per Q stage + (K+V) per stage 2*tile_n*D elements (16-bit); 2 K/V
+        # stages fit every head dim, 3 fit head dims <= 128 (224 KB at 128).
+        q_stages = self.q_stages
+        smem = 2 * key.head_dim * (q_stages * geo.tile_m + 2 * geo.tile_n * self.kv_stages)
         if smem > SMEM_BYTES - 1024:  # keep 1 KB for the mbarriers and alignment
+            what = f"{self.kv_stages} K/V stages" + (" and 2 Q stages" if q_stages > 1 else "")
             return (
-                f"{self.kv_stages} K/V stages need {smem // 1024} KB of shared memory at head "
+                f"{what} need {smem // 1024} KB of shared memory at head "
                 f"dim {key.head_dim} (limit {SMEM_BYTES // 1024} KB)"
             )
         return None
+
+    @property
+    def q_stages(self) -> int:
+        """Q buffers in shared memory: 2 with `q_tma` (the ring), else 1."""
+        return 2 if self.q_tma else 1
 
     def box_n(self, key: KernelKey) -> int:
         """Rows per K/V TMA box: one page, or a tile-sized slice of a larger page."""
@@ -309,9 +324,13 @@ PERSISTENT_OVERLAP_QPF = KernelConfig(
 # batch and page size. Measured 2026-11-24 (H100 and H200): Llama-3.2-1B shape 1.00-1.17 of
 # FA3 on 16 cases at pages 16 and 128 (two warpgroups: 0.87-1.00), gpt-oss shape 0.93-1.10.
 PERSISTENT_OVERLAP_QPF_3WG = replace(PERSISTENT_OVERLAP_QPF, mma_wgs=3)
+# PERSISTENT_OVERLAP whose Q the producer loads with TMA a tile ahead (session 9, H100 and
+# H200): head dims 128 and 64 (three warpgroups) without a window, every batch and page size.
+PERSISTENT_OVERLAP_QTMA = replace(PERSISTENT_OVERLAP, q_tma=True)
+PERSISTENT_OVERLAP_QTMA_3WG = replace(PERSISTENT_OVERLAP_QTMA, mma_wgs=3)
 LONG_BATCH_MIN_PAGE = 128  # pages this large run a different config for long batches
 SHORT_BATCH_MAX_BLOCKS = 16  # mean KV tiles visited per work tile (2k tokens at tile_n 128)
-QPF_HEAD_DIMS = (128,)  # where PERSISTENT_OVERLAP_QPF was measured; others keep the old picks
+QPF_HEAD_DIMS = (128,)  # where q_prefetch and q_tma were measured; others keep the old picks
 THREE_WG_HEAD_DIMS = (64,)  # PERSISTENT_OVERLAP_QPF_3WG for every batch
 
 
@@ -359,9 +378,10 @@ def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> Servin
     """What serving runs for ``key``: ``fixed`` (VLLM_FA4_VARIANT) for every batch, else
     the measured per-head-dim and per-page-size defaults (docs/perf-notes.md, sessions 3-7):
 
-    head dim 64    three consumer warpgroups with q_prefetch (+ lazy_max), every batch
-    head dim 128   page 128, long batches: PERSISTENT_OVERLAP + lazy_max; every other batch
-                   PERSISTENT_OVERLAP_QPF + lazy_max (sliding window: the session-4 picks)
+    head dim 64    three consumer warpgroups, every batch: PERSISTENT_OVERLAP_QTMA_3WG +
+                   lazy_max (sliding window: PERSISTENT_OVERLAP_QPF_3WG)
+    head dim 128   PERSISTENT_OVERLAP_QTMA + lazy_max, every batch and page size (sliding
+                   window: the session-4 picks)
     head dim 256   page 128: long OVERLAP_PINGPONG, short PERSISTENT_OVERLAP (session 3);
                    smaller pages: long PERSISTENT_OVERLAP + lazy_max, short without lazy_max
                    (512x32 lost 1.5-2.6 % with it)
@@ -369,16 +389,17 @@ def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> Servin
     if fixed is not None:
         return ServingConfigs(long=fixed, short=fixed)
     if key.head_dim in THREE_WG_HEAD_DIMS:
-        both = with_lazy_max(PERSISTENT_OVERLAP_QPF_3WG, key)
+        # q_tma not measured with a window (gpt-oss's windowed layers keep q_prefetch)
+        three = PERSISTENT_OVERLAP_QPF_3WG if key.sliding_window else PERSISTENT_OVERLAP_QTMA_3WG
+        both = with_lazy_max(three, key)
         return ServingConfigs(long=both, short=both)
     long_page = key.page_size >= LONG_BATCH_MIN_PAGE
     if key.head_dim in QPF_HEAD_DIMS:
-        if key.sliding_window:  # the session-4 picks (lazy_max not measured with a window)
+        if key.sliding_window:  # the session-4 picks (lazy_max, q_tma not measured there)
             long = PERSISTENT_OVERLAP_QPF if long_page else PERSISTENT_OVERLAP
             return ServingConfigs(long=long, short=PERSISTENT_OVERLAP_QPF)
-        short = with_lazy_max(PERSISTENT_OVERLAP_QPF, key)
-        long = with_lazy_max(PERSISTENT_OVERLAP, key) if long_page else short
-        return ServingConfigs(long=long, short=short)
+        both = with_lazy_max(PERSISTENT_OVERLAP_QTMA, key)
+        return ServingConfigs(long=both, short=both)
     if long_page:
         return ServingConfigs(long=OVERLAP_PINGPONG, short=PERSISTENT_OVERLAP)
     return ServingConfigs(long=with_lazy_max(PERSISTENT_OVERLAP, key), short=PERSISTENT_OVERLAP)

@@ -5,9 +5,10 @@ that claim tiles of the ordered list as they become free. 1 + `mma_wgs` warpgrou
   WG0  producer: warp 0 issues per-page K/V TMA boxes into a `kv_stages`-deep ring
        (one PipelineTmaAsync for K, one for V), registers lowered to `producer_regs`.
   WG1 .. consumers (2, or 3 at head dim 64): 64 packed (token, q-head) rows each; load
-       their Q rows with cp.async, then per KV block (last block first): S = Q K^T (SS
-       wgmma), causal mask on the diagonal blocks, online softmax (exp2), O += P V (RS
-       wgmma, P from registers). Epilogue: normalize, predicated direct stores of O and LSE.
+       their Q rows with cp.async (with `q_tma` the producer loads Q by TMA), then per KV
+       block (last block first): S = Q K^T (SS wgmma), causal mask on the diagonal blocks,
+       online softmax (exp2), O += P V (RS wgmma, P from registers). Epilogue: normalize,
+       predicated direct stores of O and LSE.
 
 Compile-time variants (KernelConfig):
   overlap           S_j = Q K_j^T and O += P_{j+1} V_{j+1} are issued back to back and the
@@ -26,8 +27,15 @@ Compile-time variants (KernelConfig):
   kv_evict_last     K/V TMA loads carry an L2 evict-last cache hint.
   single_poller     (with pingpong) only the first consumer warpgroup polls the K/V stage
                     mbarriers inside the block loops; the turn order covers the second.
+  q_prefetch        (with persistent) the consumers issue the next tile's Q copies after
+                    their last Q K^T.
+  q_tma             the producer loads Q with TMA into a two-stage ring, on the tile's first
+                    K mbarrier; the consumers free a stage with one arrive per warp. The
+                    consumer's tile body exists once per Q stage (constant addresses).
 """
 
+from dataclasses import dataclass
+from functools import partial
 from typing import Optional
 
 import cutlass
@@ -87,6 +95,16 @@ def _wgmma(
         warpgroup.wait_group(wait)
 
 
+@dataclass
+class QTmaLoad:
+    """What the producer needs to load Q with TMA (`q_tma`)."""
+
+    atom: cute.CopyAtom
+    mQ_tma: cute.Tensor  # (G, total_q, D, Hkv) coordinates
+    sQ: cute.Tensor  # (tile_m, D, q_stages)
+    empty: cute.Pointer  # q_stages mbarriers: the consumers are done with the stage
+
+
 class Sm90PagedPrefill:
     def __init__(self, key: KernelKey, cfg: KernelConfig, has_lse: bool):
         self.key = key
@@ -118,31 +136,44 @@ class Sm90PagedPrefill:
         return cute.tile_to_shape(atom, (rows, cols, stages), (0, 1, 2))
 
     def _storage_cls(self, sQ_layout, sK_layout, sV_layout):
-        dt = self.dtype
-        stages = self.stages
+        """The shared-memory struct: mbarriers (K, V, then the tile queue's and Q's where
+        the config has them) in the first 1 KB, then sQ, sK, sV on 1 KB boundaries."""
+        dt, stages = self.dtype, self.stages
+        mem, align = cute.struct.MemRange, cute.struct.Align
+        fields = {
+            "mbar_k": mem[cutlass.Int64, stages * 2],
+            "mbar_v": mem[cutlass.Int64, stages * 2],
+        }
+        if self.cfg.persistent:  # the tile queue's ring
+            fields["mbar_queue"] = mem[cutlass.Int64, TILE_QUEUE_STAGES * 2]
+            fields["queue_slots"] = mem[cutlass.Int32, TILE_QUEUE_STAGES]
+        if self.cfg.q_tma:
+            fields["mbar_q_empty"] = mem[cutlass.Int64, self.cfg.q_stages]
+        for name, layout in (("sQ", sQ_layout), ("sK", sK_layout), ("sV", sV_layout)):
+            fields[name] = align[mem[dt, cute.cosize(layout)], 1024]
+        return cute.struct(type("Storage", (), {"__annotations__": fields}))
 
-        @cute.struct
-        class Storage:
-            mbar_k: cute.struct.MemRange[cutlass.Int64, stages * 2]
-            mbar_v: cute.struct.MemRange[cutlass.Int64, stages * 2]
-            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+    def q_box_layout(self):
+        """One 64-column chunk of a Q stage as the TMA box (G heads, T tokens, 64 of D): row
+        h + G * t of the swizzled (tile_m, 64) chunk, so tile row r is token r // G, head
+        r % G, as the cp.async loads place them (rows G * T .. tile_m are never written)."""
+        g, t = self.qhead_per_kvhead, self.tokens_per_tile
+        rows = cute.make_layout((g, t, D_CHUNK), stride=(1, g, self.tile_m))
+        return cute.composition(self._smem_layout(self.tile_m, D_CHUNK), rows)
 
-        if not self.cfg.persistent:
-            return Storage
-
-        @cute.struct
-        class StorageWithQueue:  # the tile queue's ring sits in the mbarriers' 1 KB
-            mbar_k: cute.struct.MemRange[cutlass.Int64, stages * 2]
-            mbar_v: cute.struct.MemRange[cutlass.Int64, stages * 2]
-            mbar_queue: cute.struct.MemRange[cutlass.Int64, TILE_QUEUE_STAGES * 2]
-            queue_slots: cute.struct.MemRange[cutlass.Int32, TILE_QUEUE_STAGES]
-            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
-
-        return StorageWithQueue
+    def make_q_tma(self, mQ: cute.Tensor, tma_op):
+        """TMA atom and coordinate tensor of Q viewed as (G, total_q, D, Hkv): a box of G
+        heads x T tokens x 64 columns is one 64-column chunk of a packed M tile."""
+        g = self.qhead_per_kvhead
+        s_tok, s_head, s_d = mQ.layout.stride
+        view = cute.make_layout(
+            (g, mQ.shape[0], mQ.shape[2], mQ.shape[1] // g),
+            stride=(s_head, s_tok, s_d, s_head * g),
+        )
+        box = (g, self.tokens_per_tile, D_CHUNK)
+        return cpasync.make_tiled_tma_atom(
+            tma_op, cute.make_tensor(mQ.iterator, view), self.q_box_layout(), box
+        )
 
     @cute.jit
     def __call__(
@@ -164,7 +195,8 @@ class Sm90PagedPrefill:
         softcap: Float32,  # key.softcap: the cap (> 0)
         stream,
     ):
-        sQ_layout = self._smem_layout(self.tile_m, self.head_dim)
+        q_stages = self.cfg.q_stages if self.cfg.q_tma else None
+        sQ_layout = self._smem_layout(self.tile_m, self.head_dim, q_stages)
         sK_layout = self._smem_layout(self.tile_n, self.head_dim, self.stages)
         sV_layout = self._smem_layout(self.tile_n, self.head_dim, self.stages)
         box_layout = self._smem_layout(self.box_n, D_CHUNK)
@@ -177,6 +209,10 @@ class Sm90PagedPrefill:
         tma_atom_V, mV_tma = cpasync.make_tiled_tma_atom(
             tma_op, pool_view(mV), box_layout, (self.box_n, D_CHUNK)
         )
+
+        tma_atom_Q, mQ_tma = None, None
+        if cutlass.const_expr(self.cfg.q_tma):
+            tma_atom_Q, mQ_tma = self.make_q_tma(mQ, tma_op)
 
         mma_layout = (self.cfg.mma_wgs, 1, 1)
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
@@ -221,6 +257,8 @@ class Sm90PagedPrefill:
             mV_tma,
             tma_atom_K,
             tma_atom_V,
+            mQ_tma,
+            tma_atom_Q,
             mK.shape[0],
             scale_log2,
             sinks,
@@ -254,6 +292,8 @@ class Sm90PagedPrefill:
         mV_tma: cute.Tensor,
         tma_atom_K: cute.CopyAtom,
         tma_atom_V: cute.CopyAtom,
+        mQ_tma: Optional[cute.Tensor],
+        tma_atom_Q: Optional[cute.CopyAtom],
         num_blocks: Int32,
         scale_log2: Float32,
         mSinks: Optional[cute.Tensor],
@@ -270,6 +310,8 @@ class Sm90PagedPrefill:
         if warp_idx == 0:
             cpasync.prefetch_descriptor(tma_atom_K)
             cpasync.prefetch_descriptor(tma_atom_V)
+            if cutlass.const_expr(tma_atom_Q is not None):
+                cpasync.prefetch_descriptor(tma_atom_Q)
 
         storage = cutlass_utils.SmemAllocator().allocate(self.storage_cls)
         kv_bytes = self.tile_n * self.head_dim * (self.dtype.width // 8)
@@ -288,6 +330,14 @@ class Sm90PagedPrefill:
             )
             for barriers in (storage.mbar_k, storage.mbar_v)
         )
+        q_empty = None
+        if cutlass.const_expr(self.cfg.q_tma):
+            # Q's "full" is the tile's first K stage mbarrier (produce); "empty" takes one
+            # arrive per consumer warp after the warp's last Q K^T.
+            q_empty = storage.mbar_q_empty.data_ptr()
+            if tidx == 0:
+                for stage in cutlass.range_constexpr(self.cfg.q_stages):
+                    cute.arch.mbarrier_init(q_empty + stage, self.num_mma_threads // 32)
         queue = None
         if cutlass.const_expr(self.cfg.persistent):
             pipe_queue = pipeline.PipelineAsync.create(
@@ -317,18 +367,24 @@ class Sm90PagedPrefill:
             if warp_idx == 0:
                 prod_args = (mPageTable, mK_tma, mV_tma, tma_atom_K, tma_atom_V, sK, sV)
                 prod_args = (*prod_args, num_blocks, pipe_k, pipe_v)
+                produce = self.produce
+                if cutlass.const_expr(self.cfg.q_tma):
+                    produce = partial(produce, q_load=QTmaLoad(tma_atom_Q, mQ_tma, sQ, q_empty))
                 state = pipeline.make_pipeline_state(
                     pipeline.PipelineUserType.Producer, self.stages
                 )
-                self.walk_tiles(self.produce, prod_args, state, tile_args, first_tile, queue, True)
+                self.walk_tiles(produce, prod_args, state, tile_args, first_tile, queue, True)
         else:
             cute.arch.setmaxregister_increase(self.cfg.mma_regs)
             wg = cute.arch.make_warp_uniform((tidx - 128) // 128)
             turns_begin(self.turns, wg)  # once per CTA: turns alternate across tiles
             cons_args = (mQ, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v)
             cons_args = (*cons_args, mSinks, window_left, softcap_prescale, scale_log2, tidx - 128)
+            consume = self.consume
+            if cutlass.const_expr(self.cfg.q_tma):
+                consume = partial(consume, q_empty=q_empty)
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            self.walk_tiles(self.consume, cons_args, state, tile_args, first_tile, queue, False)
+            self.walk_tiles(consume, cons_args, state, tile_args, first_tile, queue, False)
 
     @cute.jit
     def walk_tiles(
@@ -345,10 +401,13 @@ class Sm90PagedPrefill:
         state: the one tile `first_tile`, or with `persistent` `first_tile` and then the
         tiles `queue` hands out."""
         num_tiles = tile_args[0].shape[0]
+        users = pipeline.PipelineUserType
+        user = users.Producer if is_producer else users.Consumer
+        q_state = None  # `q_tma`: the producer's Q ring state, carried like `state`
+        if cutlass.const_expr(self.cfg.q_tma and is_producer):
+            q_state = pipeline.make_pipeline_state(user, self.cfg.q_stages)
         if cutlass.const_expr(self.cfg.persistent):
             tile = first_tile
-            users = pipeline.PipelineUserType
-            user = users.Producer if is_producer else users.Consumer
             queue_state = pipeline.make_pipeline_state(user, TILE_QUEUE_STAGES)
             # Bound methods: the DSL's while would try to carry `queue` itself.
             claim, publish, receive = queue.claim, queue.publish, queue.receive
@@ -360,7 +419,11 @@ class Sm90PagedPrefill:
             while tile < num_tiles:
                 if cutlass.const_expr(is_producer):
                     claimed = claim()  # in flight while this tile's loads issue
-                    state = role(tile_work(*tile_args, tile), *role_args, state)
+                    if cutlass.const_expr(self.cfg.q_tma):
+                        work = self.tile_work_q_tma(tile_args, tile)
+                        state, q_state = role(work, *role_args, state, q_state=q_state)
+                    else:
+                        state = role(tile_work(*tile_args, tile), *role_args, state)
                     tile, queue_state = publish(claimed, queue_state)
                 elif cutlass.const_expr(self.cfg.q_prefetch):
                     done = tile
@@ -373,16 +436,48 @@ class Sm90PagedPrefill:
                         tile_args,
                     )
                     self._count_visit(tile_args[0], done)
+                elif cutlass.const_expr(self.cfg.q_tma):
+                    # One copy of the tile per Q stage, so each reads its stage at a constant
+                    # address: a runtime stage index (or any Q pipeline state live across the
+                    # block loop) moves the wgmma descriptors out of the uniform registers, 4
+                    # R2UR in front of every wgmma, -2 to -7 % (session 9).
+                    for q_stage in cutlass.range_constexpr(self.cfg.q_stages):
+                        if tile < num_tiles:
+                            state = role(
+                                self.tile_work_q_tma(tile_args, tile),
+                                *role_args,
+                                state,
+                                q_stage=q_stage,
+                            )
+                            self._count_visit(tile_args[0], tile)
+                            tile, queue_state = receive(queue_state)
                 else:
                     state = role(tile_work(*tile_args, tile), *role_args, state)
                     self._count_visit(tile_args[0], tile)
                     tile, queue_state = receive(queue_state)
             if cutlass.const_expr(is_producer):
                 queue.finish()
+        elif cutlass.const_expr(self.cfg.q_tma):
+            work = self.tile_work_q_tma(tile_args, first_tile)
+            if cutlass.const_expr(is_producer):
+                role(work, *role_args, state, q_state=q_state)
+            else:
+                role(work, *role_args, state, q_stage=0)
+                self._count_visit(tile_args[0], first_tile)
         else:
             role(tile_work(*tile_args, first_tile), *role_args, state)
             if cutlass.const_expr(not is_producer):
                 self._count_visit(tile_args[0], first_tile)
+
+    @cute.jit
+    def tile_work_q_tma(self, tile_args, tile: Int32):
+        """`q_tma`: the tile's TileWork, visiting at least one K/V block: Q arrives on the
+        first K block's mbarrier and the consumers alternate Q stages tile by tile, so every
+        tile must load one. The planner never makes a tile without rows; a hand-made list's
+        empty tile then computes one block of rows it never stores."""
+        work = tile_work(*tile_args, tile)
+        work.n_block_max = cutlass.max(work.n_block_max, work.n_block_min + 1)
+        return work
 
     @cute.jit
     def _count_visit(self, mWorkTiles: cute.Tensor, tile: Int32):
@@ -401,10 +496,14 @@ class Sm90PagedPrefill:
             return None
         return read_tile_pages(page_row, k_len, num_blocks, n_block, *self.paged_tile_geometry)
 
-    def _load_tile(self, src, state, page_row, k_len, num_blocks, n_block, pages):
+    def _load_tile(self, src, state, page_row, k_len, num_blocks, n_block, pages, q_boxes=None):
+        """Acquire the stage and issue a K or V tile; `q_boxes(mbar)` (`q_tma`, the tile's
+        first K) puts the tile's Q on the same mbarrier first."""
         pipe, atom, tXs, tXg, policy = src
         pipe.producer_acquire(state)
         mbar = pipe.producer_get_barrier(state)
+        if cutlass.const_expr(q_boxes is not None):
+            q_boxes(mbar)
         if pages is None:
             load_paged_tile(
                 atom,
@@ -439,8 +538,16 @@ class Sm90PagedPrefill:
         pipe_k,
         pipe_v,
         state,
+        q_state=None,
+        q_load=None,
     ):
-        """Issue one tile's K/V loads (last block first); returns the advanced state."""
+        """Issue one tile's K/V loads (last block first), with `q_tma` its Q on the first K's
+        mbarrier; returns the advanced state (and Q's)."""
+        q_boxes = None
+        if cutlass.const_expr(self.cfg.q_tma):
+            # The consumers freed this Q stage after their last Q K^T two tiles ago.
+            cute.arch.mbarrier_wait(q_load.empty + q_state.index, q_state.phase)
+            q_boxes = partial(self.issue_q_boxes, work, q_load, q_state.index)
         page_row = mPageTable[work.batch, None]
         tKs, tKg = partition_pool_tiles(tma_atom_K, mK_tma, sK, work.kv_head, self.box_n)
         tVs, tVg = partition_pool_tiles(tma_atom_V, mV_tma, sV, work.kv_head, self.box_n)
@@ -457,13 +564,17 @@ class Sm90PagedPrefill:
             for i in cutlass.range(n_count, unroll=1):
                 n_block = n_max - 1 - i
                 pages = self._tile_pages(*ctx, n_block)  # K and V of one block share the read
-                self._load_tile(k_src, state, *ctx, n_block, pages)
+                first_q = None
+                if cutlass.const_expr(q_boxes is not None):
+                    first_q = partial(q_boxes, when=i == 0)
+                self._load_tile(k_src, state, *ctx, n_block, pages, first_q)
                 self._load_tile(v_src, state, *ctx, n_block, pages)
                 state.advance()
         else:
             # Consumer order: K_j is needed one block before V_j, so issue K_{j-1} before V_j.
             if n_count > 0:
-                self._load_tile(k_src, state, *ctx, n_max - 1, self._tile_pages(*ctx, n_max - 1))
+                pages = self._tile_pages(*ctx, n_max - 1)
+                self._load_tile(k_src, state, *ctx, n_max - 1, pages, q_boxes)
                 state_v = state.clone()
                 state.advance()
                 for i in cutlass.range(1, n_count, unroll=1):
@@ -475,7 +586,39 @@ class Sm90PagedPrefill:
                     state.advance()
                     state_v.advance()
                 self._load_tile(v_src, state_v, *ctx, n_min, self._tile_pages(*ctx, n_min))
+        if cutlass.const_expr(self.cfg.q_tma):
+            q_state.advance()
+            return state, q_state
         return state
+
+    @cute.jit
+    def issue_q_boxes(self, work, q_load, q_index: Int32, mbar, when=None):
+        """`q_tma`: the tile's Q boxes (one per 64 columns) into Q stage `q_index`, completing
+        on `mbar` (the first K's, whose transaction count grows by Q's bytes first); only
+        `when` it is given. Rows past the request read the next request's tokens or, past
+        the last token, TMA's zeros: never stored, and rows never mix."""
+        g, t = self.qhead_per_kvhead, self.tokens_per_tile
+        if when is None or when:
+            if cute.arch.lane_idx() == 0:
+                q_bytes = g * t * self.head_dim * (self.dtype.width // 8)
+                cute.arch.mbarrier_expect_tx(mbar, q_bytes)
+            tok0 = work.q_start + work.first_token
+            gQ = cute.domain_offset((0, tok0, 0), q_load.mQ_tma[None, None, None, work.kv_head])
+            gQ = cute.local_tile(gQ, (g, t, D_CHUNK), (0, 0, None))  # (G, T, 64, chunk)
+            stage_rows = cute.make_layout(
+                (g, t, D_CHUNK, self.head_dim // D_CHUNK, self.cfg.q_stages),
+                stride=(1, g, self.tile_m, self.tile_m * D_CHUNK, self.tile_m * self.head_dim),
+            )
+            sQb = cute.composition(q_load.sQ, stage_rows)  # (G, T, 64, chunk, stage)
+            tQs, tQg = cpasync.tma_partition(
+                q_load.atom,
+                0,
+                cute.make_layout(1),
+                cute.group_modes(sQb, 0, 3),
+                cute.group_modes(gQ, 0, 3),
+            )
+            for c in cutlass.range_constexpr(self.head_dim // D_CHUNK):
+                cute.copy(q_load.atom, tQg[None, c], tQs[None, c, q_index], tma_bar_ptr=mbar)
 
     # ---------------------------------------------------------------- consumer
     @cute.jit
@@ -633,12 +776,17 @@ class Sm90PagedPrefill:
         receive=None,
         queue_state=None,
         tile_args=None,
+        q_empty=None,
+        q_stage: cutlass.Constexpr[int] = 0,
     ):
         """One tile: Q load, all KV blocks, epilogue; returns the advanced pipeline state.
 
         With `q_prefetch` this tile's Q was issued by the previous tile (or before the first);
         the next tile is taken from the queue (`receive`) mid-tile and the call returns
-        (state, next tile, queue state)."""
+        (state, next tile, queue state). With `q_tma` the producer loaded Q into stage
+        `q_stage` (a compile-time constant: a runtime stage index costs the block loop its
+        uniform-register descriptors) on the first K's mbarrier; the tile frees the stage
+        after its last Q K^T."""
         wg = cute.arch.make_warp_uniform(tidx // 128)
         thr_qk = tiled_mma_qk.get_slice(tidx)
         thr_pv = tiled_mma_pv.get_slice(tidx)
@@ -646,6 +794,8 @@ class Sm90PagedPrefill:
         wg_pv = tiled_mma_pv.get_slice(wg * 128)
 
         tSrQ = wg_qk.make_fragment_A(wg_qk.partition_A(sQ))
+        if cutlass.const_expr(self.cfg.q_tma):
+            tSrQ = tSrQ[None, None, None, q_stage]
         tSrK = wg_qk.make_fragment_B(wg_qk.partition_B(sK))
         # V^T as an (D, tile_n, stage) view of the row-major V tile: MN-major B operand.
         sVt = cute.composition(
@@ -660,7 +810,9 @@ class Sm90PagedPrefill:
         tScS = thr_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
         num_rows = cute.size(acc_rows_view(acc_O), mode=[0])
 
-        if cutlass.const_expr(self.cfg.q_prefetch):
+        if cutlass.const_expr(self.cfg.q_tma):
+            pass  # Q lands with the first K block (its wait below)
+        elif cutlass.const_expr(self.cfg.q_prefetch):
             self.wait_q(wg)
         else:
             self.load_q(work, mQ, sQ, tidx, wg)
@@ -771,6 +923,9 @@ class Sm90PagedPrefill:
                 next_tile, queue_state = self.prefetch_next_q(
                     receive, queue_state, tile_args, mQ, sQ, tidx, wg
                 )
+            if cutlass.const_expr(self.cfg.q_tma):  # every Q K^T of the tile is done
+                if cute.arch.lane_idx() == 0:
+                    cute.arch.mbarrier_arrive(q_empty + q_stage)
             if cutlass.const_expr(self.cfg.overlap or pp):
                 # The last block's P V, left in flight by both overlapped loops.
                 turn_wait(self.turns, wg)

@@ -46,6 +46,11 @@ ALL_CONFIGS = tuple(
         # three consumer warpgroups, 192-row tiles (head dim 64 only)
         "overlap+pingpong+persistent+q_prefetch+softmax_per_arm+mma_wgs=3",
         "overlap+pingpong+persistent+softmax_per_arm+mma_wgs=3",
+        # Q loaded by the producer with TMA into a two-stage ring (session 9)
+        "q_tma",
+        "persistent+q_tma",
+        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma",
+        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+mma_wgs=3",
     )
 )
 
