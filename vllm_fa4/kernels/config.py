@@ -169,9 +169,9 @@ class KernelConfig:
     # the last P V and the epilogue instead of stalling the next tile's start.
     q_prefetch: bool = False
     # The producer warp loads Q with TMA into a two-stage ring, at the start of the tile's
-    # loads (a whole tile ahead of the consumers with `persistent`); the consumers wait on its
-    # mbarrier and free the stage after their last Q K^T. One 3-D box per 64 columns of D
-    # (64 x G heads x tokens) lands as the packed rows (token, head) of the swizzled sQ.
+    # loads (a whole tile ahead of the consumers with `persistent`), on the mbarrier of the
+    # tile's first K block; the consumers free the stage after their last Q K^T. One 3-D box
+    # per 64 columns of D (64 x G heads x tokens) lands as the packed (token, head) rows.
     q_tma: bool = False
     # With overlap: the softmax sits in both arms of the causal-mask branch, which keeps
     # ptxas from hoisting the P V wgmma wait above it (fwd_sm90.softmax_block).
@@ -264,7 +264,9 @@ class KernelConfig:
         q_stages = self.q_stages
         smem = 2 * key.head_dim * (q_stages * geo.tile_m + 2 * geo.tile_n * self.kv_stages)
         if smem > SMEM_BYTES - 1024:  # keep 1 KB for the mbarriers and alignment
-            what = f"{self.kv_stages} K/V stages" + (" and 2 Q stages" if q_stages > 1 else "")
+            what = f"{self.kv_stages} K/V stages" + (
+                f" and {q_stages} Q stages" if q_stages > 1 else ""
+            )
             return (
                 f"{what} need {smem // 1024} KB of shared memory at head "
                 f"dim {key.head_dim} (limit {SMEM_BYTES // 1024} KB)"

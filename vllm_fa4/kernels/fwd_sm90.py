@@ -153,13 +153,19 @@ class Sm90PagedPrefill:
             fields[name] = align[mem[dt, cute.cosize(layout)], 1024]
         return cute.struct(type("Storage", (), {"__annotations__": fields}))
 
+    def q_boxes_in_tile(self):
+        """(G heads, T tokens, 64 of D, chunk, stage) -> element of the Q ring (tile_m, D,
+        stages): row h + G * t, so tile row r is token r // G, head r % G, as the cp.async
+        loads place them (rows G * T .. tile_m are never written). Its first three modes are
+        one TMA box, one 64-column chunk of a stage."""
+        g, t, m = self.qhead_per_kvhead, self.tokens_per_tile, self.tile_m
+        shape = (g, t, D_CHUNK, self.head_dim // D_CHUNK, self.cfg.q_stages)
+        return cute.make_layout(shape, stride=(1, g, m, m * D_CHUNK, m * self.head_dim))
+
     def q_box_layout(self):
-        """One 64-column chunk of a Q stage as the TMA box (G heads, T tokens, 64 of D): row
-        h + G * t of the swizzled (tile_m, 64) chunk, so tile row r is token r // G, head
-        r % G, as the cp.async loads place them (rows G * T .. tile_m are never written)."""
-        g, t = self.qhead_per_kvhead, self.tokens_per_tile
-        rows = cute.make_layout((g, t, D_CHUNK), stride=(1, g, self.tile_m))
-        return cute.composition(self._smem_layout(self.tile_m, D_CHUNK), rows)
+        """The swizzled shared-memory layout of one Q box (q_boxes_in_tile's first modes)."""
+        box = cute.select(self.q_boxes_in_tile(), mode=[0, 1, 2])
+        return cute.composition(self._smem_layout(self.tile_m, D_CHUNK), box)
 
     def make_q_tma(self, mQ: cute.Tensor, tma_op):
         """TMA atom and coordinate tensor of Q viewed as (G, total_q, D, Hkv): a box of G
@@ -605,11 +611,7 @@ class Sm90PagedPrefill:
             tok0 = work.q_start + work.first_token
             gQ = cute.domain_offset((0, tok0, 0), q_load.mQ_tma[None, None, None, work.kv_head])
             gQ = cute.local_tile(gQ, (g, t, D_CHUNK), (0, 0, None))  # (G, T, 64, chunk)
-            stage_rows = cute.make_layout(
-                (g, t, D_CHUNK, self.head_dim // D_CHUNK, self.cfg.q_stages),
-                stride=(1, g, self.tile_m, self.tile_m * D_CHUNK, self.tile_m * self.head_dim),
-            )
-            sQb = cute.composition(q_load.sQ, stage_rows)  # (G, T, 64, chunk, stage)
+            sQb = cute.composition(q_load.sQ, self.q_boxes_in_tile())  # (G, T, 64, chunk, stage)
             tQs, tQg = cpasync.tma_partition(
                 q_load.atom,
                 0,
@@ -810,11 +812,10 @@ class Sm90PagedPrefill:
         tScS = thr_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
         num_rows = cute.size(acc_rows_view(acc_O), mode=[0])
 
-        if cutlass.const_expr(self.cfg.q_tma):
-            pass  # Q lands with the first K block (its wait below)
-        elif cutlass.const_expr(self.cfg.q_prefetch):
+        # With `q_tma` Q lands with the first K block (its wait below).
+        if cutlass.const_expr(self.cfg.q_prefetch):
             self.wait_q(wg)
-        else:
+        elif cutlass.const_expr(not self.cfg.q_tma):
             self.load_q(work, mQ, sQ, tidx, wg)
         next_tile = Int32(0)  # q_prefetch only
 
