@@ -28,6 +28,11 @@ SCHEDULERS = [
     # Q by the producer's TMA into a two-stage ring, a tile ahead of the consumers
     "persistent+q_tma",
     "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma",
+    # the first block's Q K^T on a 64 x {32, 64, 96, 128} wgmma picked per tile
+    "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+narrow_diag",
+    # tiles handed over with their TileWork (the CTA's first tile through the queue too)
+    "persistent+q_tma+queue_work",
+    "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work",
 ]
 
 # (specs, Hq, Hkv, num_ctas: None = min(tiles, SMs))

@@ -92,6 +92,11 @@ VARIANT_CASES = [
         KernelKey("bfloat16", 128, 128, 3),
     ),
     ("persistent+q_tma", KernelKey("float16", 128, 16, 1)),
+    # queue_work's slot with the window's two words
+    (
+        "overlap+pingpong+persistent+softmax_per_arm+q_tma+queue_work",
+        KernelKey("bfloat16", 128, 16, 4, sliding_window=True),
+    ),
     ("q_tma", KernelKey("bfloat16", 128, 32, 32)),
     (
         "overlap+pingpong+persistent+softmax_per_arm+q_tma+mma_wgs=3",
@@ -169,6 +174,14 @@ def test_config_spellings_roundtrip(monkeypatch):
         KernelKey("bfloat16", 256, 16, 4)
     )
     assert "256 KB" in KernelConfig.parse("q_tma+kv_stages=3").unsupported_reason(key)
+    assert KernelConfig.parse("narrow_diag").unsupported_reason(key) is None
+    assert "128-key blocks" in KernelConfig.parse("narrow_diag").unsupported_reason(
+        KernelKey("bfloat16", 256, 16, 4)
+    )
+    assert "needs 'persistent' and 'q_tma'" in KernelConfig.parse(
+        "persistent+queue_work"
+    ).unsupported_reason(key)
+    assert KernelConfig.parse("persistent+q_tma+queue_work").unsupported_reason(key) is None
     assert (
         KernelConfig.parse("q_tma+kv_stages=3").unsupported_reason(KernelKey("bfloat16", 64, 16, 4))
         is None
@@ -182,7 +195,8 @@ def test_serving_configs_by_head_dim_page_size_and_batch():
         PERSISTENT_OVERLAP_QPF,
         PERSISTENT_OVERLAP_QPF_3WG,
         PERSISTENT_OVERLAP_QTMA,
-        PERSISTENT_OVERLAP_QTMA_3WG,
+        PERSISTENT_OVERLAP_QWORK,
+        PERSISTENT_OVERLAP_QWORK_3WG,
         serving_configs,
     )
 
@@ -192,9 +206,12 @@ def test_serving_configs_by_head_dim_page_size_and_batch():
     assert PERSISTENT_OVERLAP.persistent and PERSISTENT_OVERLAP.overlap
     assert KernelConfig.parse(PERSISTENT_OVERLAP.spec + "+q_prefetch") == PERSISTENT_OVERLAP_QPF
     assert KernelConfig.parse(PERSISTENT_OVERLAP.spec + "+q_tma") == PERSISTENT_OVERLAP_QTMA
-    for page in (16, 32, 64, 128):  # head dim 128: q_tma + lazy_max for every batch
+    assert KernelConfig.parse(PERSISTENT_OVERLAP_QTMA.spec + "+queue_work") == (
+        PERSISTENT_OVERLAP_QWORK
+    )
+    for page in (16, 32, 64, 128):  # head dim 128: q_tma + queue_work + lazy_max, every batch
         configs = serving_configs(KernelKey("bfloat16", 128, page, 4))
-        assert configs.all == (lazy(PERSISTENT_OVERLAP_QTMA),)
+        assert configs.all == (lazy(PERSISTENT_OVERLAP_QWORK),)
     for page in (16, 32, 64):
         # with a sliding window (lazy_max not measured there): the session-4 picks
         windowed = serving_configs(KernelKey("bfloat16", 128, page, 4, sliding_window=True))
@@ -205,10 +222,10 @@ def test_serving_configs_by_head_dim_page_size_and_batch():
     p128_windowed = KernelKey("bfloat16", 128, 128, 4, sliding_window=True)
     assert serving_configs(p128_windowed).all == (PERSISTENT_OVERLAP_QPF,)
     assert dataclasses.replace(PERSISTENT_OVERLAP_QPF, mma_wgs=3) == PERSISTENT_OVERLAP_QPF_3WG
-    assert dataclasses.replace(PERSISTENT_OVERLAP_QTMA, mma_wgs=3) == PERSISTENT_OVERLAP_QTMA_3WG
+    assert dataclasses.replace(PERSISTENT_OVERLAP_QWORK, mma_wgs=3) == PERSISTENT_OVERLAP_QWORK_3WG
     for page in (16, 64, 128):  # head dim 64: three warpgroups, every batch
         configs = serving_configs(KernelKey("bfloat16", 64, page, 8))
-        assert configs.all == (lazy(PERSISTENT_OVERLAP_QTMA_3WG),)
+        assert configs.all == (lazy(PERSISTENT_OVERLAP_QWORK_3WG),)
         # gpt-oss's 128-key window: lazy_max has nothing to skip there (0 to -1.8 %)
         windowed = serving_configs(KernelKey("bfloat16", 64, page, 8, sliding_window=True))
         assert windowed.all == (PERSISTENT_OVERLAP_QPF_3WG,)

@@ -269,16 +269,16 @@ def test_plan_uses_sections_and_picks_the_config_per_batch():
     from vllm_fa4.kernels.config import (
         OVERLAP_PINGPONG,
         PERSISTENT_OVERLAP,
-        PERSISTENT_OVERLAP_QTMA,
-        PERSISTENT_OVERLAP_QTMA_3WG,
+        PERSISTENT_OVERLAP_QWORK,
+        PERSISTENT_OVERLAP_QWORK_3WG,
     )
 
     def lazy(config):
         return dataclasses.replace(config, lazy_max=True)
 
     plan = _plan([(16384, 16384)], page=128)
-    assert plan.config == lazy(PERSISTENT_OVERLAP_QTMA)  # head dim 128: every batch and page
-    assert _plan([(512, 512)] * 8, page=128).config == lazy(PERSISTENT_OVERLAP_QTMA)
+    assert plan.config == lazy(PERSISTENT_OVERLAP_QWORK)  # head dim 128: every batch and page
+    assert _plan([(512, 512)] * 8, page=128).config == lazy(PERSISTENT_OVERLAP_QWORK)
     heads_first = {r[1] for r in plan.work_tiles_cpu[:132].tolist()}
     assert len(heads_first) <= 2  # 8 MB of K/V per head, 16 MiB sections
     # head dim 256 at page 128: long tiles run the one-CTA-per-tile grid ...
@@ -292,10 +292,10 @@ def test_plan_uses_sections_and_picks_the_config_per_batch():
     # head dim 64: three warpgroups (192-row tiles) for every batch and page
     for specs, page in (([(16384, 16384)], 128), ([(512, 512)] * 8, 16)):
         plan = _plan(specs, d=64, page=page)
-        assert plan.config == lazy(PERSISTENT_OVERLAP_QTMA_3WG) and plan.geometry.tile_m == 192
+        assert plan.config == lazy(PERSISTENT_OVERLAP_QWORK_3WG) and plan.geometry.tile_m == 192
     # below page 128, head dim 128: the same config
-    assert _plan([(16384, 16384)], page=16).config == lazy(PERSISTENT_OVERLAP_QTMA)
-    assert _plan([(512, 512)] * 8, page=16).config == lazy(PERSISTENT_OVERLAP_QTMA)
+    assert _plan([(16384, 16384)], page=16).config == lazy(PERSISTENT_OVERLAP_QWORK)
+    assert _plan([(512, 512)] * 8, page=16).config == lazy(PERSISTENT_OVERLAP_QWORK)
 
 
 # --- sliding window (issue 11) -------------------------------------------------------------

@@ -173,6 +173,14 @@ class KernelConfig:
     # tile's first K block; the consumers free the stage after their last Q K^T. One 3-D box
     # per 64 columns of D (64 x G heads x tokens) lands as the packed (token, head) rows.
     q_tma: bool = False
+    # The first (diagonal) block's Q K^T runs over only the key columns some row of the
+    # tile sees, rounded up to 32 (a 64 x {32, 64, 96, 128} wgmma picked at run time): with
+    # 32 tokens per tile, 48 of its 128 columns on average are past every row's diagonal.
+    narrow_diag: bool = False
+    # With persistent + q_tma: the producer publishes each tile (the CTA's first too) with
+    # its TileWork in the tile queue's shared-memory slot, so the consumers start a tile
+    # without global loads (tile_scheduler.TileQueue.publish_work).
+    queue_work: bool = False
     # With overlap: the softmax sits in both arms of the causal-mask branch, which keeps
     # ptxas from hoisting the P V wgmma wait above it (fwd_sm90.softmax_block).
     softmax_per_arm: bool = False
@@ -243,6 +251,10 @@ class KernelConfig:
         if self.q_tma and (self.q_prefetch or self.smem_epilogue):
             other = "q_prefetch" if self.q_prefetch else "smem_epilogue"
             return f"flags 'q_tma' and '{other}' exclude each other (both use sQ)"
+        if self.queue_work and not (self.persistent and self.q_tma):
+            return "flag 'queue_work' needs 'persistent' and 'q_tma'"
+        if self.narrow_diag and tile_geometry(key, self.mma_wgs).tile_n != 128:
+            return "flag 'narrow_diag' needs 128-key blocks (head dims up to 128)"
         if self.softmax_per_arm and not self.overlap:
             return "flag 'softmax_per_arm' needs 'overlap'"
         if self.single_poller and not self.pingpong:
@@ -330,6 +342,10 @@ PERSISTENT_OVERLAP_QPF_3WG = replace(PERSISTENT_OVERLAP_QPF, mma_wgs=3)
 # H200): head dims 128 and 64 (three warpgroups) without a window, every batch and page size.
 PERSISTENT_OVERLAP_QTMA = replace(PERSISTENT_OVERLAP, q_tma=True)
 PERSISTENT_OVERLAP_QTMA_3WG = replace(PERSISTENT_OVERLAP_QTMA, mma_wgs=3)
+# PERSISTENT_OVERLAP_QTMA whose producer hands each tile over with its TileWork (session 10,
+# H100 and H200): the serving default wherever PERSISTENT_OVERLAP_QTMA was.
+PERSISTENT_OVERLAP_QWORK = replace(PERSISTENT_OVERLAP_QTMA, queue_work=True)
+PERSISTENT_OVERLAP_QWORK_3WG = replace(PERSISTENT_OVERLAP_QWORK, mma_wgs=3)
 LONG_BATCH_MIN_PAGE = 128  # pages this large run a different config for long batches
 SHORT_BATCH_MAX_BLOCKS = 16  # mean KV tiles visited per work tile (2k tokens at tile_n 128)
 QPF_HEAD_DIMS = (128,)  # where q_prefetch and q_tma were measured; others keep the old picks
@@ -380,9 +396,9 @@ def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> Servin
     """What serving runs for ``key``: ``fixed`` (VLLM_FA4_VARIANT) for every batch, else
     the measured per-head-dim and per-page-size defaults (docs/perf-notes.md, sessions 3-7):
 
-    head dim 64    three consumer warpgroups, every batch: PERSISTENT_OVERLAP_QTMA_3WG +
+    head dim 64    three consumer warpgroups, every batch: PERSISTENT_OVERLAP_QWORK_3WG +
                    lazy_max (sliding window: PERSISTENT_OVERLAP_QPF_3WG)
-    head dim 128   PERSISTENT_OVERLAP_QTMA + lazy_max, every batch and page size (sliding
+    head dim 128   PERSISTENT_OVERLAP_QWORK + lazy_max, every batch and page size (sliding
                    window: the session-4 picks)
     head dim 256   page 128: long OVERLAP_PINGPONG, short PERSISTENT_OVERLAP (session 3);
                    smaller pages: long PERSISTENT_OVERLAP + lazy_max, short without lazy_max
@@ -392,7 +408,7 @@ def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> Servin
         return ServingConfigs(long=fixed, short=fixed)
     if key.head_dim in THREE_WG_HEAD_DIMS:
         # q_tma not measured with a window (gpt-oss's windowed layers keep q_prefetch)
-        three = PERSISTENT_OVERLAP_QPF_3WG if key.sliding_window else PERSISTENT_OVERLAP_QTMA_3WG
+        three = PERSISTENT_OVERLAP_QPF_3WG if key.sliding_window else PERSISTENT_OVERLAP_QWORK_3WG
         both = with_lazy_max(three, key)
         return ServingConfigs(long=both, short=both)
     long_page = key.page_size >= LONG_BATCH_MIN_PAGE
@@ -400,7 +416,7 @@ def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> Servin
         if key.sliding_window:  # the session-4 picks (lazy_max, q_tma not measured there)
             long = PERSISTENT_OVERLAP_QPF if long_page else PERSISTENT_OVERLAP
             return ServingConfigs(long=long, short=PERSISTENT_OVERLAP_QPF)
-        both = with_lazy_max(PERSISTENT_OVERLAP_QTMA, key)
+        both = with_lazy_max(PERSISTENT_OVERLAP_QWORK, key)
         return ServingConfigs(long=both, short=both)
     if long_page:
         return ServingConfigs(long=OVERLAP_PINGPONG, short=PERSISTENT_OVERLAP)

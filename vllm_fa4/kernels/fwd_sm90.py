@@ -32,6 +32,11 @@ Compile-time variants (KernelConfig):
   q_tma             the producer loads Q with TMA into a two-stage ring, on the tile's first
                     K mbarrier; the consumers free a stage with one arrive per warp. The
                     consumer's tile body exists once per Q stage (constant addresses).
+  queue_work        (with persistent and q_tma) the producer publishes each tile with its
+                    TileWork in the tile queue's slot: consumers read no global memory to
+                    start a tile (walk_queue_work).
+  narrow_diag       the first (diagonal) block's Q K^T on a 64 x {32, 64, 96, 128} wgmma:
+                    only the key columns some row of the tile sees (narrow_first_qk).
 """
 
 from dataclasses import dataclass
@@ -69,7 +74,12 @@ from vllm_fa4.kernels.softmax import (
     scale_rows,
     softmax_step,
 )
-from vllm_fa4.kernels.tile_scheduler import TILE_QUEUE_STAGES, TileQueue, tile_work
+from vllm_fa4.kernels.tile_scheduler import (
+    TILE_QUEUE_STAGES,
+    TileQueue,
+    queue_work_words,
+    tile_work,
+)
 
 CUTLASS_DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
 
@@ -105,6 +115,22 @@ class QTmaLoad:
     empty: cute.Pointer  # q_stages mbarriers: the consumers are done with the stage
 
 
+@dataclass
+class BlockGemms:
+    """One consumer warpgroup's operands of a K/V block's two GEMMs: the MMAs, K and V^T over
+    the K/V stages, P (the P V A operand, from registers) and the O accumulator."""
+
+    mma_qk: cute.TiledMma
+    mma_pv: cute.TiledMma
+    thr_pv: cute.TiledMma  # this thread's slice of mma_pv (the epilogue's O coordinates)
+    tSrQ: cute.Tensor  # (...) or with `q_tma` (..., q stage)
+    tSrK: cute.Tensor  # (..., kv stage)
+    tOrVt: cute.Tensor  # (..., kv stage)
+    tOrP: cute.Tensor
+    acc_O: cute.Tensor
+    tScS: cute.Tensor  # identity coordinates of S in this thread's accumulator layout
+
+
 class Sm90PagedPrefill:
     def __init__(self, key: KernelKey, cfg: KernelConfig, has_lse: bool):
         self.key = key
@@ -124,6 +150,8 @@ class Sm90PagedPrefill:
         self.stages = cfg.kv_stages
         self.num_mma_threads = 128 * cfg.mma_wgs
         self.turns = cfg.mma_wgs if cfg.pingpong else 0  # warpgroups taking turns (barriers.py)
+        # `queue_work`: the TileWork fields a tile-queue slot carries after the tile index
+        self.queue_work_words = queue_work_words(cfg.queue_work, key.sliding_window)
         assert self.tile_n % self.box_n == 0 and self.head_dim % D_CHUNK == 0
 
     # ---------------------------------------------------------------- host-side helpers
@@ -146,7 +174,8 @@ class Sm90PagedPrefill:
         }
         if self.cfg.persistent:  # the tile queue's ring
             fields["mbar_queue"] = mem[cutlass.Int64, TILE_QUEUE_STAGES * 2]
-            fields["queue_slots"] = mem[cutlass.Int32, TILE_QUEUE_STAGES]
+            words = 1 + len(self.queue_work_words)
+            fields["queue_slots"] = mem[cutlass.Int32, TILE_QUEUE_STAGES * words]
         if self.cfg.q_tma:
             fields["mbar_q_empty"] = mem[cutlass.Int64, self.cfg.q_stages]
         for name, layout in (("sQ", sQ_layout), ("sK", sK_layout), ("sV", sV_layout)):
@@ -355,8 +384,16 @@ class Sm90PagedPrefill:
                 ),
                 defer_sync=True,
             )
-            slots = storage.queue_slots.get_tensor(cute.make_layout(TILE_QUEUE_STAGES))
-            queue = TileQueue(mTileCounters, pipe_queue, slots, cute.arch.grid_dim()[0])
+            words = self.queue_work_words
+            if cutlass.const_expr(words):
+                slot_layout = cute.make_layout(
+                    (TILE_QUEUE_STAGES, 1 + len(words)), stride=(1 + len(words), 1)
+                )
+            else:
+                slot_layout = cute.make_layout(TILE_QUEUE_STAGES)
+            slots = storage.queue_slots.get_tensor(slot_layout)
+            num_ctas = cute.arch.grid_dim()[0]
+            queue = TileQueue(mTileCounters, pipe_queue, slots, num_ctas, work_words=words)
         pipeline.pipeline_init_arrive()
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
@@ -422,45 +459,58 @@ class Sm90PagedPrefill:
                 wg = cute.arch.make_warp_uniform(tidx // 128)
                 if tile < num_tiles:  # a grid larger than the list (tests) has idle CTAs
                     self.issue_q(tile_work(*tile_args, tile), mQ, sQ, tidx, wg)
-            while tile < num_tiles:
-                if cutlass.const_expr(is_producer):
-                    claimed = claim()  # in flight while this tile's loads issue
-                    if cutlass.const_expr(self.cfg.q_tma):
-                        work = self.tile_work_q_tma(tile_args, tile)
-                        state, q_state = role(work, *role_args, state, q_state=q_state)
+            if cutlass.const_expr(self.cfg.queue_work):
+                self.walk_queue_work(
+                    role,
+                    role_args,
+                    state,
+                    q_state,
+                    tile_args,
+                    tile,
+                    queue,
+                    queue_state,
+                    is_producer,
+                )
+            else:
+                while tile < num_tiles:
+                    if cutlass.const_expr(is_producer):
+                        claimed = claim()  # in flight while this tile's loads issue
+                        if cutlass.const_expr(self.cfg.q_tma):
+                            work = self.tile_work_q_tma(tile_args, tile)
+                            state, q_state = role(work, *role_args, state, q_state=q_state)
+                        else:
+                            state = role(tile_work(*tile_args, tile), *role_args, state)
+                        tile, queue_state = publish(claimed, queue_state)
+                    elif cutlass.const_expr(self.cfg.q_prefetch):
+                        done = tile
+                        state, tile, queue_state = role(
+                            tile_work(*tile_args, tile),
+                            *role_args,
+                            state,
+                            receive,
+                            queue_state,
+                            tile_args,
+                        )
+                        self._count_visit(tile_args[0], done)
+                    elif cutlass.const_expr(self.cfg.q_tma):
+                        # One copy of the tile per Q stage, so each reads its stage at a constant
+                        # address: a runtime stage index (or any Q pipeline state live across the
+                        # block loop) moves the wgmma descriptors out of the uniform registers, 4
+                        # R2UR in front of every wgmma, -2 to -7 % (session 9).
+                        for q_stage in cutlass.range_constexpr(self.cfg.q_stages):
+                            if tile < num_tiles:
+                                state = role(
+                                    self.tile_work_q_tma(tile_args, tile),
+                                    *role_args,
+                                    state,
+                                    q_stage=q_stage,
+                                )
+                                self._count_visit(tile_args[0], tile)
+                                tile, queue_state = receive(queue_state)
                     else:
                         state = role(tile_work(*tile_args, tile), *role_args, state)
-                    tile, queue_state = publish(claimed, queue_state)
-                elif cutlass.const_expr(self.cfg.q_prefetch):
-                    done = tile
-                    state, tile, queue_state = role(
-                        tile_work(*tile_args, tile),
-                        *role_args,
-                        state,
-                        receive,
-                        queue_state,
-                        tile_args,
-                    )
-                    self._count_visit(tile_args[0], done)
-                elif cutlass.const_expr(self.cfg.q_tma):
-                    # One copy of the tile per Q stage, so each reads its stage at a constant
-                    # address: a runtime stage index (or any Q pipeline state live across the
-                    # block loop) moves the wgmma descriptors out of the uniform registers, 4
-                    # R2UR in front of every wgmma, -2 to -7 % (session 9).
-                    for q_stage in cutlass.range_constexpr(self.cfg.q_stages):
-                        if tile < num_tiles:
-                            state = role(
-                                self.tile_work_q_tma(tile_args, tile),
-                                *role_args,
-                                state,
-                                q_stage=q_stage,
-                            )
-                            self._count_visit(tile_args[0], tile)
-                            tile, queue_state = receive(queue_state)
-                else:
-                    state = role(tile_work(*tile_args, tile), *role_args, state)
-                    self._count_visit(tile_args[0], tile)
-                    tile, queue_state = receive(queue_state)
+                        self._count_visit(tile_args[0], tile)
+                        tile, queue_state = receive(queue_state)
             if cutlass.const_expr(is_producer):
                 queue.finish()
         elif cutlass.const_expr(self.cfg.q_tma):
@@ -474,6 +524,50 @@ class Sm90PagedPrefill:
             role(tile_work(*tile_args, first_tile), *role_args, state)
             if cutlass.const_expr(not is_producer):
                 self._count_visit(tile_args[0], first_tile)
+
+    @cute.jit
+    def walk_queue_work(
+        self,
+        role,
+        role_args,
+        state,
+        q_state,
+        tile_args,
+        first_tile: Int32,
+        queue,
+        queue_state,
+        is_producer: cutlass.Constexpr[bool],
+    ):
+        """`queue_work` (with `persistent` and `q_tma`): the producer publishes every tile,
+        the CTA's first included, with its TileWork; the consumers start each tile from
+        the slot, without the two dependent global loads (work_tiles row, then the
+        request's lengths) that would stand before its first block."""
+        num_tiles = tile_args[0].shape[0]
+        publish_work, wait_tile, take_work = queue.publish_work, queue.wait_tile, queue.take_work
+        tile = first_tile
+        if cutlass.const_expr(is_producer):
+            claim, next_tile = queue.claim, queue.next_tile
+            last = num_tiles - 1  # a tile past the list (the consumers' stop) reads the last row
+            work = self.tile_work_q_tma(tile_args, cutlass.min(tile, last))
+            queue_state = publish_work(tile, work, queue_state)
+            while tile < num_tiles:
+                claimed = claim()  # in flight while this tile's loads issue
+                work = self.tile_work_q_tma(tile_args, tile)
+                state, q_state = role(work, *role_args, state, q_state=q_state)
+                tile = next_tile(claimed)
+                work = self.tile_work_q_tma(tile_args, cutlass.min(tile, last))
+                queue_state = publish_work(tile, work, queue_state)
+        else:
+            tile = wait_tile(queue_state)
+            while tile < num_tiles:
+                # One copy of the tile per Q stage (constant addresses, see walk_tiles).
+                for q_stage in cutlass.range_constexpr(self.cfg.q_stages):
+                    if tile < num_tiles:
+                        # Its own name: `work` of the producer's branch would be carried.
+                        received, queue_state = take_work(queue_state)
+                        state = role(received, *role_args, state, q_stage=q_stage)
+                        self._count_visit(tile_args[0], tile)
+                        tile = wait_tile(queue_state)
 
     @cute.jit
     def tile_work_q_tma(self, tile_args, tile: Int32):
@@ -790,26 +884,11 @@ class Sm90PagedPrefill:
         uniform-register descriptors) on the first K's mbarrier; the tile frees the stage
         after its last Q K^T."""
         wg = cute.arch.make_warp_uniform(tidx // 128)
-        thr_qk = tiled_mma_qk.get_slice(tidx)
-        thr_pv = tiled_mma_pv.get_slice(tidx)
-        wg_qk = tiled_mma_qk.get_slice(wg * 128)
-        wg_pv = tiled_mma_pv.get_slice(wg * 128)
-
-        tSrQ = wg_qk.make_fragment_A(wg_qk.partition_A(sQ))
+        g = self.block_gemms(sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, tidx)
+        tSrQ = g.tSrQ
         if cutlass.const_expr(self.cfg.q_tma):
             tSrQ = tSrQ[None, None, None, q_stage]
-        tSrK = wg_qk.make_fragment_B(wg_qk.partition_B(sK))
-        # V^T as an (D, tile_n, stage) view of the row-major V tile: MN-major B operand.
-        sVt = cute.composition(
-            sV, cute.make_ordered_layout((self.head_dim, self.tile_n, self.stages), order=(1, 0, 2))
-        )
-        tOrVt = wg_pv.make_fragment_B(wg_pv.partition_B(sVt))
-        tOrP = wg_pv.make_fragment_A(wg_pv.partition_shape_A((self.tile_m, self.tile_n)))
-        acc_O = cute.make_rmem_tensor(
-            wg_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32
-        )
-        acc_shape_S = wg_qk.partition_shape_C((self.tile_m, self.tile_n))
-        tScS = thr_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+        acc_O = g.acc_O
         num_rows = cute.size(acc_rows_view(acc_O), mode=[0])
 
         # With `q_tma` Q lands with the first K block (its wait below).
@@ -831,36 +910,20 @@ class Sm90PagedPrefill:
         feats = (window_left, softcap_prescale)
         # What every block after the first passes to softmax_block (its loops differ only in
         # how they issue the GEMMs).
-        softmax_args = (tScS, work, diag, row_max, row_sum, row_scale, scale_log2, feats)
+        softmax_args = (g.tScS, work, diag, row_max, row_sum, row_scale, scale_log2, feats)
 
         pp = self.cfg.pingpong
         if n_count > 0:
-            # First (right-most) block: masked, and may hold the partial last page.
-            n_block = n_max - 1
-            pipe_k.consumer_wait(state)
-            acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
-            turn_wait(self.turns, wg)
-            _wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True, -1)
-            turn_pass(self.turns, wg)
-            warpgroup.wait_group(0)
-            pipe_k.consumer_release(state)
-            if cutlass.const_expr(softcap_prescale is not None):
-                apply_softcap(acc_S, softcap_prescale)
-            self.mask(acc_S, tScS, n_block, work, diag, window_left)
-            softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, True, self.cfg.lazy_max)
-            tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
-            pipe_v.consumer_wait(state)
-            valid_rows = work.k_len - n_block * self.tile_n
-            if valid_rows < self.tile_n:
-                self.zero_v_tail(sV, state.index, valid_rows, tidx, wg)
+            self.first_block(g, tSrQ, work, state, softmax_args, (sK, sV), pipe_k, pipe_v, tidx, wg)
             if cutlass.const_expr(not self.cfg.overlap and not pp):
+                tOrP, tOrVt, tSrK = g.tOrP, g.tOrVt, g.tSrK
                 _wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False, 0)
                 pipe_v.consumer_release(state)
                 state.advance()
                 for i in cutlass.range(1, n_count, unroll=1):
                     n_block = n_max - 1 - i
                     pipe_k.consumer_wait(state)
-                    acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
+                    acc_S = self.new_acc_S(g)
                     _wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True, 0)
                     pipe_k.consumer_release(state)
                     self.softmax_block(acc_S, n_block, *softmax_args)
@@ -875,12 +938,13 @@ class Sm90PagedPrefill:
             elif cutlass.const_expr(not self.cfg.overlap):
                 # Ping-pong without intra-WG overlap: one turn = {P_{j+1} V_{j+1}, S_j}; the
                 # softmax of S_j then runs while the other warpgroup issues its turn.
+                tOrP, tOrVt, tSrK = g.tOrP, g.tOrVt, g.tSrK
                 state_v = state.clone()
                 state.advance()
                 for i in cutlass.range(1, n_count, unroll=1):
                     n_block = n_max - 1 - i
                     self.wait_turn_stage(pipe_k, state, wg)
-                    acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
+                    acc_S = self.new_acc_S(g)
                     turn_wait(self.turns, wg)
                     _wgmma(
                         tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state_v.index], False, -1
@@ -901,25 +965,9 @@ class Sm90PagedPrefill:
                 state_v = state.clone()
                 state.advance()
                 for i in cutlass.range(1, n_count, unroll=1):
-                    n_block = n_max - 1 - i
-                    self.wait_turn_stage(pipe_k, state, wg)
-                    acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
-                    turn_wait(self.turns, wg)
-                    _wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True, -1)
-                    _wgmma(
-                        tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state_v.index], False, -1
+                    state, state_v = self.overlap_step(
+                        g, tSrQ, n_max - 1 - i, state, state_v, softmax_args, pipe_k, pipe_v, wg
                     )
-                    turn_pass(self.turns, wg)
-                    warpgroup.wait_group(1)  # S_j done; P_{j+1} V_{j+1} may still run
-                    pipe_k.consumer_release(state)
-                    self.softmax_block(acc_S, n_block, *softmax_args)
-                    warpgroup.wait_group(0)
-                    pipe_v.consumer_release(state_v)
-                    self.rescale_o(acc_O, row_scale)
-                    tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
-                    state.advance()
-                    state_v.advance()
-                    self.wait_turn_stage(pipe_v, state_v, wg)
             if cutlass.const_expr(self.cfg.q_prefetch):  # every Q K^T of the tile is done
                 next_tile, queue_state = self.prefetch_next_q(
                     receive, queue_state, tile_args, mQ, sQ, tidx, wg
@@ -929,26 +977,61 @@ class Sm90PagedPrefill:
                     cute.arch.mbarrier_arrive(q_empty + q_stage)
             if cutlass.const_expr(self.cfg.overlap or pp):
                 # The last block's P V, left in flight by both overlapped loops.
-                turn_wait(self.turns, wg)
-                _wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state_v.index], False, -1)
-                turn_pass(self.turns, wg)
-                warpgroup.wait_group(0)
-                pipe_v.consumer_release(state_v)
+                self.last_pv(g, state_v, pipe_v, wg)
         elif cutlass.const_expr(self.cfg.q_prefetch):  # empty tile: nothing read sQ
             next_tile, queue_state = self.prefetch_next_q(
                 receive, queue_state, tile_args, mQ, sQ, tidx, wg
             )
 
+        out = (mO, mLSE, mSinks, sQ)
+        self.epilogue(work, out, g, row_max, row_sum, scale_log2, tidx, wg)
+        if cutlass.const_expr(self.cfg.q_prefetch):
+            return state, next_tile, queue_state
+        return state
+
+    @cute.jit
+    def block_gemms(self, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, tidx: Int32) -> BlockGemms:
+        """This warpgroup's BlockGemms (O's accumulator uninitialized)."""
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        thr_qk = tiled_mma_qk.get_slice(tidx)
+        thr_pv = tiled_mma_pv.get_slice(tidx)
+        wg_qk = tiled_mma_qk.get_slice(wg * 128)
+        wg_pv = tiled_mma_pv.get_slice(wg * 128)
+        tSrQ = wg_qk.make_fragment_A(wg_qk.partition_A(sQ))
+        tSrK = wg_qk.make_fragment_B(wg_qk.partition_B(sK))
+        # V^T as an (D, tile_n, stage) view of the row-major V tile: MN-major B operand.
+        sVt = cute.composition(
+            sV, cute.make_ordered_layout((self.head_dim, self.tile_n, self.stages), order=(1, 0, 2))
+        )
+        tOrVt = wg_pv.make_fragment_B(wg_pv.partition_B(sVt))
+        tOrP = wg_pv.make_fragment_A(wg_pv.partition_shape_A((self.tile_m, self.tile_n)))
+        acc_O = cute.make_rmem_tensor(
+            wg_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32
+        )
+        tScS = thr_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+        mmas = (tiled_mma_qk, tiled_mma_pv, thr_pv)
+        return BlockGemms(*mmas, tSrQ, tSrK, tOrVt, tOrP, acc_O, tScS)
+
+    def new_acc_S(self, g: BlockGemms) -> cute.Tensor:
+        """A fresh S accumulator. (Its shape is not a BlockGemms field: the DSL's `if`
+        turns a dataclass's Python ints into runtime values.)"""
+        shape = g.mma_qk.partition_shape_C((self.tile_m, self.tile_n))
+        return cute.make_rmem_tensor(shape, Float32)
+
+    @cute.jit
+    def epilogue(self, work, out, g, row_max, row_sum, scale_log2, tidx: Int32, wg: Int32):
+        """Normalize O and write it (and the LSE); `out` = (mO, mLSE, mSinks, sQ)."""
+        mO, mLSE, mSinks, sQ = out
         write_output(
             work,
             mO,
             mLSE,
             sQ,
-            acc_O,
+            g.acc_O,
             row_max,
             row_sum,
             scale_log2,
-            thr_pv,
+            g.thr_pv,
             tidx,
             wg,
             self.dtype,
@@ -958,6 +1041,122 @@ class Sm90PagedPrefill:
             self.cfg.smem_epilogue,
             mSinks,
         )
-        if cutlass.const_expr(self.cfg.q_prefetch):
-            return state, next_tile, queue_state
-        return state
+
+    @cute.jit
+    def first_softmax(self, acc_S, n_block, softmax_args):
+        """Soft cap, mask and softmax of a tile's first (right-most) block, which may hold
+        the partial last page and is always masked; starts the tile's row stats."""
+        tScS, work, diag, row_max, row_sum, row_scale, scale_log2, feats = softmax_args
+        window_left, softcap_prescale = feats
+        if cutlass.const_expr(softcap_prescale is not None):
+            apply_softcap(acc_S, softcap_prescale)
+        self.mask(acc_S, tScS, n_block, work, diag, window_left)
+        softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, True, self.cfg.lazy_max)
+
+    @cute.jit
+    def wait_first_v(self, sV, work, n_block, state, pipe_v, tidx: Int32, wg: Int32):
+        """Wait for a tile's first V block; zero its rows past the last key."""
+        pipe_v.consumer_wait(state)
+        valid_rows = work.k_len - n_block * self.tile_n
+        if valid_rows < self.tile_n:
+            self.zero_v_tail(sV, state.index, valid_rows, tidx, wg)
+
+    @cute.jit
+    def first_block(self, g, tSrQ, work, state, softmax_args, sKV, pipe_k, pipe_v, tidx, wg):
+        """A tile's first block on its own: S = Q K^T in a turn of its own, then its softmax
+        with nothing in flight; leaves P in g.tOrP and waits for the block's V. sKV = (sK,
+        sV)."""
+        sK, sV = sKV
+        n_block = work.n_block_max - 1
+        pipe_k.consumer_wait(state)
+        acc_S = self.new_acc_S(g)
+        turn_wait(self.turns, wg)
+        if cutlass.const_expr(self.cfg.narrow_diag):
+            self.narrow_first_qk(g, tSrQ, acc_S, sK, work, n_block, state.index, wg)
+        else:
+            _wgmma(g.mma_qk, acc_S, tSrQ, g.tSrK[None, None, None, state.index], True, -1)
+            turn_pass(self.turns, wg)
+            warpgroup.wait_group(0)
+        pipe_k.consumer_release(state)
+        self.first_softmax(acc_S, n_block, softmax_args)
+        g.tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+        self.wait_first_v(sV, work, n_block, state, pipe_v, tidx, wg)
+
+    @cute.jit
+    def narrow_first_qk(self, g, tSrQ, acc_S, sK, work, n_block, stage: Int32, wg: Int32):
+        """`narrow_diag`: S = Q K^T of a tile's first (diagonal) block over only the key
+        columns some row of the tile sees, rounded up to 32 (a 64 x {32, 64, 96, 128} wgmma
+        picked at run time); the columns past them are set to -inf, which the causal mask
+        would make of them anyway. Passes the turn and waits for S in each arm, so no wgmma
+        is in flight at the join."""
+        last_token = cutlass.min(work.first_token + self.tokens_per_tile, work.q_len) - 1
+        cols = work.k_len - work.q_len + last_token + 1 - n_block * self.tile_n
+        quarters = (cols + 31) // 32  # 1..4 (<= 0 only in an empty tile, never stored)
+        if quarters <= 1:
+            self.qk_columns(32, tSrQ, acc_S, sK, stage, wg)
+        elif quarters == 2:
+            self.qk_columns(64, tSrQ, acc_S, sK, stage, wg)
+        elif quarters == 3:
+            self.qk_columns(96, tSrQ, acc_S, sK, stage, wg)
+        else:
+            _wgmma(g.mma_qk, acc_S, tSrQ, g.tSrK[None, None, None, stage], True, -1)
+            turn_pass(self.turns, wg)
+            warpgroup.wait_group(0)
+
+    @cute.jit
+    def qk_columns(self, n: cutlass.Constexpr[int], tSrQ, acc_S, sK, stage: Int32, wg: Int32):
+        """S[:, :n] = Q K[:n]^T with a 64 x n wgmma, S[:, n:] = -inf (a 64 x n accumulator
+        holds the first n / 2 values of a 64 x tile_n one: column groups of 8 are its outer
+        mode); passes the turn and waits."""
+        mma = sm90_utils.make_trivial_tiled_mma(
+            self.dtype,
+            self.dtype,
+            cute.nvgpu.OperandMajorMode.K,
+            cute.nvgpu.OperandMajorMode.K,
+            Float32,
+            (self.cfg.mma_wgs, 1, 1),
+            (64, n),
+        )
+        wg_mma = mma.get_slice(wg * 128)
+        sKn = cute.local_tile(sK, (n, self.head_dim, self.stages), (0, 0, 0))
+        tSrKn = wg_mma.make_fragment_B(wg_mma.partition_B(sKn))
+        # An accumulator of its own (a view into acc_S's registers makes ptxas serialize
+        # every wgmma of the kernel: C7511, "insufficient register resources").
+        acc_n = cute.make_rmem_tensor(mma.partition_shape_C((self.tile_m, n)), Float32)
+        _wgmma(mma, acc_n, tSrQ, tSrKn[None, None, None, stage], True, -1)
+        turn_pass(self.turns, wg)
+        warpgroup.wait_group(0)
+        for i in cutlass.range_constexpr(cute.size(acc_S)):
+            acc_S[i] = acc_n[i] if i < cute.size(acc_n) else -Float32.inf
+
+    @cute.jit
+    def overlap_step(self, g, tSrQ, n_block, state, state_v, softmax_args, pipe_k, pipe_v, wg):
+        """One block of the overlapped loop: S_j = Q K_j^T and O += P_{j+1} V_{j+1} in one
+        turn, the softmax of S_j under the P V. Returns the advanced (state, state_v)."""
+        row_scale = softmax_args[5]
+        self.wait_turn_stage(pipe_k, state, wg)
+        acc_S = self.new_acc_S(g)
+        turn_wait(self.turns, wg)
+        _wgmma(g.mma_qk, acc_S, tSrQ, g.tSrK[None, None, None, state.index], True, -1)
+        _wgmma(g.mma_pv, g.acc_O, g.tOrP, g.tOrVt[None, None, None, state_v.index], False, -1)
+        turn_pass(self.turns, wg)
+        warpgroup.wait_group(1)  # S_j done; P_{j+1} V_{j+1} may still run
+        pipe_k.consumer_release(state)
+        self.softmax_block(acc_S, n_block, *softmax_args)
+        warpgroup.wait_group(0)
+        pipe_v.consumer_release(state_v)
+        self.rescale_o(g.acc_O, row_scale)
+        g.tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+        state.advance()
+        state_v.advance()
+        self.wait_turn_stage(pipe_v, state_v, wg)
+        return state, state_v
+
+    @cute.jit
+    def last_pv(self, g, state_v, pipe_v, wg: Int32):
+        """A tile's last P V in a turn of its own (the overlapped loops leave it in flight)."""
+        turn_wait(self.turns, wg)
+        _wgmma(g.mma_pv, g.acc_O, g.tOrP, g.tOrVt[None, None, None, state_v.index], False, -1)
+        turn_pass(self.turns, wg)
+        warpgroup.wait_group(0)
+        pipe_v.consumer_release(state_v)

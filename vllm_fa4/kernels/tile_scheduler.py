@@ -77,6 +77,27 @@ def tile_work(
 
 
 TILE_QUEUE_STAGES = 2  # tile indices the producer may publish ahead of the consumers
+# `queue_work`: the TileWork fields the producer writes beside a tile's index, in this order
+# (the window's two only for windowed keys; without a window they are the Python int 0).
+WORK_WORDS = (
+    "batch",
+    "kv_head",
+    "m_block",
+    "q_start",
+    "q_len",
+    "k_len",
+    "first_token",
+    "n_block_max",
+    "n_block_mask",
+)
+WINDOW_WORDS = ("n_block_min", "n_block_left_mask")
+
+
+def queue_work_words(with_work: bool, windowed: bool) -> tuple:
+    """The TileWork fields a queue slot holds after the tile index (`queue_work`)."""
+    if not with_work:
+        return ()
+    return WORK_WORDS + (WINDOW_WORDS if windowed else ())
 
 
 class TileQueue:
@@ -95,11 +116,21 @@ class TileQueue:
     that share a counter buffer must therefore be ordered (one buffer per stream).
     """
 
-    def __init__(self, counters: cute.Tensor, pipe, slots: cute.Tensor, num_ctas: Int32):
+    def __init__(
+        self,
+        counters: cute.Tensor,
+        pipe,
+        slots: cute.Tensor,
+        num_ctas: Int32,
+        work_words: tuple = (),
+    ):
         self.counters = counters  # [2] int32 in global memory: claims, finished CTAs
         self.pipe = pipe
-        self.slots = slots  # [TILE_QUEUE_STAGES] int32 in shared memory
+        # [TILE_QUEUE_STAGES] int32 in shared memory, or with `queue_work`
+        # [TILE_QUEUE_STAGES, 1 + len(work_words)]: the index, then those TileWork fields
+        self.slots = slots
         self.num_ctas = num_ctas
+        self.work_words = work_words
 
     @cute.jit
     def claim(self) -> Int32:
@@ -130,6 +161,45 @@ class TileQueue:
         self.pipe.consumer_release(state)
         state.advance()
         return tile, state
+
+    # ---- `queue_work`: (stage, word) slots, the index then `work_words` ----
+    @cute.jit
+    def next_tile(self, claimed: Int32) -> Int32:
+        """Producer warp: the tile index lane 0's claim stands for."""
+        return cute.arch.shuffle_sync(claimed, 0) + self.num_ctas
+
+    @cute.jit
+    def publish_work(self, tile: Int32, work: TileWork, state):
+        """Producer warp: hand a tile and its TileWork to the consumers, so they read no
+        global memory to start it; returns the advanced state."""
+        self.pipe.producer_acquire(state)
+        slots = self.slots  # a local: the DSL's `if` would try to carry `self`
+        words = self.work_words
+        if cute.arch.lane_idx() == 0:
+            slots[state.index, 0] = tile
+            for i in cutlass.range_constexpr(len(words)):
+                slots[state.index, 1 + i] = getattr(work, words[i])
+        self.pipe.producer_commit(state)
+        state.advance()
+        return state
+
+    @cute.jit
+    def wait_tile(self, state) -> Int32:
+        """Consumer threads: wait for the next published tile and read its index; the slot
+        stays held until take_work."""
+        self.pipe.consumer_wait(state)
+        return self.slots[state.index, 0]
+
+    @cute.jit
+    def take_work(self, state):
+        """Consumer threads: the held slot's TileWork (fields not in the slot are 0); frees
+        the slot. Returns (work, state)."""
+        fields = {name: 0 for name in WINDOW_WORDS}
+        for i in cutlass.range_constexpr(len(self.work_words)):
+            fields[self.work_words[i]] = self.slots[state.index, 1 + i]
+        self.pipe.consumer_release(state)
+        state.advance()
+        return TileWork(**fields), state
 
     @cute.jit
     def finish(self):

@@ -51,6 +51,13 @@ ALL_CONFIGS = tuple(
         "persistent+q_tma",
         "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma",
         "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+mma_wgs=3",
+        # the first block's Q K^T over only the columns the tile sees (session 10)
+        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+narrow_diag",
+        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+narrow_diag+mma_wgs=3",
+        # the producer hands each tile over with its TileWork (session 10)
+        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work",
+        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+mma_wgs=3",
+        "persistent+q_tma+queue_work",
     )
 )
 
