@@ -165,9 +165,10 @@ def test_config_spellings_roundtrip(monkeypatch):
     assert "needs 'persistent'" in KernelConfig.parse("q_prefetch").unsupported_reason(key)
     both = KernelConfig.parse("smem_epilogue+persistent+q_prefetch")
     assert "exclude each other" in both.unsupported_reason(key)
-    for other in ("persistent+q_prefetch", "smem_epilogue"):
-        both = KernelConfig.parse(f"q_tma+{other}")
-        assert "exclude each other" in both.unsupported_reason(key)
+    both = KernelConfig.parse("q_tma+persistent+q_prefetch")
+    assert "exclude each other" in both.unsupported_reason(key)
+    # a staged epilogue writes O into the tile's own Q stage, freed after it
+    assert KernelConfig.parse("q_tma+smem_epilogue").unsupported_reason(key) is None
     # two Q stages: 2 K/V stages fit head dim 128, not 256; 3 K/V stages fit head dim 64 only
     assert KernelConfig.parse("q_tma").unsupported_reason(key) is None
     assert "2 Q stages" in KernelConfig.parse("q_tma").unsupported_reason(
@@ -209,9 +210,10 @@ def test_serving_configs_by_head_dim_page_size_and_batch():
     assert KernelConfig.parse(PERSISTENT_OVERLAP_QTMA.spec + "+queue_work") == (
         PERSISTENT_OVERLAP_QWORK
     )
-    for page in (16, 32, 64, 128):  # head dim 128: q_tma + queue_work + lazy_max, every batch
-        configs = serving_configs(KernelKey("bfloat16", 128, page, 4))
-        assert configs.all == (lazy(PERSISTENT_OVERLAP_QWORK),)
+    for page in (16, 32, 64, 128):  # head dim 128: q_tma + queue_work + lazy_max, short
+        configs = serving_configs(KernelKey("bfloat16", 128, page, 4))  # batches staged
+        staged = dataclasses.replace(PERSISTENT_OVERLAP_QWORK, smem_epilogue=True)
+        assert configs.all == (lazy(PERSISTENT_OVERLAP_QWORK), lazy(staged))
     for page in (16, 32, 64):
         # with a sliding window (lazy_max not measured there): the session-4 picks
         windowed = serving_configs(KernelKey("bfloat16", 128, page, 4, sliding_window=True))

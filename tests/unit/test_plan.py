@@ -271,14 +271,16 @@ def test_plan_uses_sections_and_picks_the_config_per_batch():
         PERSISTENT_OVERLAP,
         PERSISTENT_OVERLAP_QWORK,
         PERSISTENT_OVERLAP_QWORK_3WG,
+        PERSISTENT_OVERLAP_QWORK_STAGED,
     )
 
     def lazy(config):
         return dataclasses.replace(config, lazy_max=True)
 
     plan = _plan([(16384, 16384)], page=128)
-    assert plan.config == lazy(PERSISTENT_OVERLAP_QWORK)  # head dim 128: every batch and page
-    assert _plan([(512, 512)] * 8, page=128).config == lazy(PERSISTENT_OVERLAP_QWORK)
+    assert plan.config == lazy(PERSISTENT_OVERLAP_QWORK)  # head dim 128, long batches
+    # short batches (tiles visit <= 16 K/V tiles on average): O staged, 16-byte stores
+    assert _plan([(512, 512)] * 8, page=128).config == lazy(PERSISTENT_OVERLAP_QWORK_STAGED)
     heads_first = {r[1] for r in plan.work_tiles_cpu[:132].tolist()}
     assert len(heads_first) <= 2  # 8 MB of K/V per head, 16 MiB sections
     # head dim 256 at page 128: long tiles run the one-CTA-per-tile grid ...
@@ -293,9 +295,9 @@ def test_plan_uses_sections_and_picks_the_config_per_batch():
     for specs, page in (([(16384, 16384)], 128), ([(512, 512)] * 8, 16)):
         plan = _plan(specs, d=64, page=page)
         assert plan.config == lazy(PERSISTENT_OVERLAP_QWORK_3WG) and plan.geometry.tile_m == 192
-    # below page 128, head dim 128: the same config
+    # below page 128, head dim 128: the same split
     assert _plan([(16384, 16384)], page=16).config == lazy(PERSISTENT_OVERLAP_QWORK)
-    assert _plan([(512, 512)] * 8, page=16).config == lazy(PERSISTENT_OVERLAP_QWORK)
+    assert _plan([(512, 512)] * 8, page=16).config == lazy(PERSISTENT_OVERLAP_QWORK_STAGED)
 
 
 # --- sliding window (issue 11) -------------------------------------------------------------

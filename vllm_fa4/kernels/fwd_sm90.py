@@ -972,9 +972,9 @@ class Sm90PagedPrefill:
                 next_tile, queue_state = self.prefetch_next_q(
                     receive, queue_state, tile_args, mQ, sQ, tidx, wg
                 )
-            if cutlass.const_expr(self.cfg.q_tma):  # every Q K^T of the tile is done
-                if cute.arch.lane_idx() == 0:
-                    cute.arch.mbarrier_arrive(q_empty + q_stage)
+            # Every Q K^T of the tile is done; a staged epilogue still writes O into the stage.
+            if cutlass.const_expr(self.cfg.q_tma and not self.cfg.smem_epilogue):
+                self.free_q_stage(q_empty, q_stage)
             if cutlass.const_expr(self.cfg.overlap or pp):
                 # The last block's P V, left in flight by both overlapped loops.
                 self.last_pv(g, state_v, pipe_v, wg)
@@ -983,11 +983,24 @@ class Sm90PagedPrefill:
                 receive, queue_state, tile_args, mQ, sQ, tidx, wg
             )
 
-        out = (mO, mLSE, mSinks, sQ)
+        sO = sQ  # the staged epilogue's buffer: the warpgroup's rows of (this tile's) Q
+        if cutlass.const_expr(self.cfg.q_tma):
+            sO = sQ[None, None, q_stage]
+        out = (mO, mLSE, mSinks, sO)
         self.epilogue(work, out, g, row_max, row_sum, scale_log2, tidx, wg)
+        if cutlass.const_expr(self.cfg.q_tma and self.cfg.smem_epilogue):
+            # The stage's generic-proxy reads and writes come before the producer's TMA.
+            cute.arch.fence_view_async_shared()
+            self.free_q_stage(q_empty, q_stage)
         if cutlass.const_expr(self.cfg.q_prefetch):
             return state, next_tile, queue_state
         return state
+
+    @cute.jit
+    def free_q_stage(self, q_empty, q_stage: cutlass.Constexpr[int]):
+        """`q_tma`: one arrive per warp frees this tile's Q stage for the producer."""
+        if cute.arch.lane_idx() == 0:
+            cute.arch.mbarrier_arrive(q_empty + q_stage)
 
     @cute.jit
     def block_gemms(self, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, tidx: Int32) -> BlockGemms:

@@ -58,6 +58,8 @@ ALL_CONFIGS = tuple(
         "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work",
         "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+mma_wgs=3",
         "persistent+q_tma+queue_work",
+        # O staged in the tile's own Q stage (short batches, session 10)
+        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+smem_epilogue",
     )
 )
 
