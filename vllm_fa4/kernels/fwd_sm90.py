@@ -182,6 +182,15 @@ class Sm90PagedPrefill:
             fields[name] = align[mem[dt, cute.cosize(layout)], 1024]
         return cute.struct(type("Storage", (), {"__annotations__": fields}))
 
+    def qk_mma(self, n: int):
+        """The S = Q K^T tiled MMA over n keys: 64 x n per consumer warpgroup, both operands
+        K-major from shared memory."""
+        major = cute.nvgpu.OperandMajorMode.K
+        wgs = (self.cfg.mma_wgs, 1, 1)
+        return sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, major, major, Float32, wgs, (64, n)
+        )
+
     def q_boxes_in_tile(self):
         """(G heads, T tokens, 64 of D, chunk, stage) -> element of the Q ring (tile_m, D,
         stages): row h + G * t, so tile row r is token r // G, head r % G, as the cp.async
@@ -250,15 +259,7 @@ class Sm90PagedPrefill:
             tma_atom_Q, mQ_tma = self.make_q_tma(mQ, tma_op)
 
         mma_layout = (self.cfg.mma_wgs, 1, 1)
-        tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
-            self.dtype,
-            self.dtype,
-            cute.nvgpu.OperandMajorMode.K,
-            cute.nvgpu.OperandMajorMode.K,
-            Float32,
-            mma_layout,
-            (64, self.tile_n),
-        )
+        tiled_mma_qk = self.qk_mma(self.tile_n)
         tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
             self.dtype,
             self.dtype,
@@ -552,7 +553,7 @@ class Sm90PagedPrefill:
             queue_state = publish_work(tile, work, queue_state)
             while tile < num_tiles:
                 claimed = claim()  # in flight while this tile's loads issue
-                work = self.tile_work_q_tma(tile_args, tile)
+                # `work` is the tile's, as published (carried from the previous publish).
                 state, q_state = role(work, *role_args, state, q_state=q_state)
                 tile = next_tile(claimed)
                 work = self.tile_work_q_tma(tile_args, cutlass.min(tile, last))
@@ -1087,9 +1088,7 @@ class Sm90PagedPrefill:
         if cutlass.const_expr(self.cfg.narrow_diag):
             self.narrow_first_qk(g, tSrQ, acc_S, sK, work, n_block, state.index, wg)
         else:
-            _wgmma(g.mma_qk, acc_S, tSrQ, g.tSrK[None, None, None, state.index], True, -1)
-            turn_pass(self.turns, wg)
-            warpgroup.wait_group(0)
+            self.lone_qk(g, tSrQ, acc_S, state.index, wg)
         pipe_k.consumer_release(state)
         self.first_softmax(acc_S, n_block, softmax_args)
         g.tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
@@ -1112,24 +1111,22 @@ class Sm90PagedPrefill:
         elif quarters == 3:
             self.qk_columns(96, tSrQ, acc_S, sK, stage, wg)
         else:
-            _wgmma(g.mma_qk, acc_S, tSrQ, g.tSrK[None, None, None, stage], True, -1)
-            turn_pass(self.turns, wg)
-            warpgroup.wait_group(0)
+            self.lone_qk(g, tSrQ, acc_S, stage, wg)
+
+    @cute.jit
+    def lone_qk(self, g, tSrQ, acc_S, stage: Int32, wg: Int32):
+        """S = Q K^T over the whole block, alone in the turn (taken by the caller): issue,
+        pass the turn, wait."""
+        _wgmma(g.mma_qk, acc_S, tSrQ, g.tSrK[None, None, None, stage], True, -1)
+        turn_pass(self.turns, wg)
+        warpgroup.wait_group(0)
 
     @cute.jit
     def qk_columns(self, n: cutlass.Constexpr[int], tSrQ, acc_S, sK, stage: Int32, wg: Int32):
         """S[:, :n] = Q K[:n]^T with a 64 x n wgmma, S[:, n:] = -inf (a 64 x n accumulator
         holds the first n / 2 values of a 64 x tile_n one: column groups of 8 are its outer
         mode); passes the turn and waits."""
-        mma = sm90_utils.make_trivial_tiled_mma(
-            self.dtype,
-            self.dtype,
-            cute.nvgpu.OperandMajorMode.K,
-            cute.nvgpu.OperandMajorMode.K,
-            Float32,
-            (self.cfg.mma_wgs, 1, 1),
-            (64, n),
-        )
+        mma = self.qk_mma(n)
         wg_mma = mma.get_slice(wg * 128)
         sKn = cute.local_tile(sK, (n, self.head_dim, self.stages), (0, 0, 0))
         tSrKn = wg_mma.make_fragment_B(wg_mma.partition_B(sKn))
