@@ -198,6 +198,7 @@ def test_serving_configs_by_head_dim_page_size_and_batch():
         PERSISTENT_OVERLAP_QTMA,
         PERSISTENT_OVERLAP_QWORK,
         PERSISTENT_OVERLAP_QWORK_3WG,
+        PERSISTENT_OVERLAP_QWORK_PAGES_AHEAD,
         serving_configs,
     )
 
@@ -210,10 +211,15 @@ def test_serving_configs_by_head_dim_page_size_and_batch():
     assert KernelConfig.parse(PERSISTENT_OVERLAP_QTMA.spec + "+queue_work") == (
         PERSISTENT_OVERLAP_QWORK
     )
-    for page in (16, 32, 64, 128):  # head dim 128: q_tma + queue_work + lazy_max, short
-        configs = serving_configs(KernelKey("bfloat16", 128, page, 4))  # batches staged
-        staged = dataclasses.replace(PERSISTENT_OVERLAP_QWORK, smem_epilogue=True)
-        assert configs.all == (lazy(PERSISTENT_OVERLAP_QWORK), lazy(staged))
+    staged = dataclasses.replace(PERSISTENT_OVERLAP_QWORK, smem_epilogue=True)
+    for page in (16, 32, 64, 128, 256):  # head dim 128: q_tma + queue_work + lazy_max, short
+        configs = serving_configs(KernelKey("bfloat16", 128, page, 4))  # batches staged;
+        # long ones read the page table a block ahead where a K/V block is one page
+        long = PERSISTENT_OVERLAP_QWORK_PAGES_AHEAD if page >= 128 else PERSISTENT_OVERLAP_QWORK
+        assert configs.all == (lazy(long), lazy(staged))
+        assert configs.pick(100, 10**6) == lazy(long)
+    pages_ahead = dataclasses.replace(PERSISTENT_OVERLAP_QWORK, page_prefetch=True)
+    assert pages_ahead == PERSISTENT_OVERLAP_QWORK_PAGES_AHEAD
     for page in (16, 32, 64):
         # with a sliding window (lazy_max not measured there): the session-4 picks
         windowed = serving_configs(KernelKey("bfloat16", 128, page, 4, sliding_window=True))

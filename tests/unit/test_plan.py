@@ -271,6 +271,7 @@ def test_plan_uses_sections_and_picks_the_config_per_batch():
         PERSISTENT_OVERLAP,
         PERSISTENT_OVERLAP_QWORK,
         PERSISTENT_OVERLAP_QWORK_3WG,
+        PERSISTENT_OVERLAP_QWORK_PAGES_AHEAD,
         PERSISTENT_OVERLAP_QWORK_STAGED,
     )
 
@@ -278,7 +279,8 @@ def test_plan_uses_sections_and_picks_the_config_per_batch():
         return dataclasses.replace(config, lazy_max=True)
 
     plan = _plan([(16384, 16384)], page=128)
-    assert plan.config == lazy(PERSISTENT_OVERLAP_QWORK)  # head dim 128, long batches
+    # head dim 128, long batches at page 128: the page table read a block ahead
+    assert plan.config == lazy(PERSISTENT_OVERLAP_QWORK_PAGES_AHEAD)
     # short batches (tiles visit <= 16 K/V tiles on average): O staged, 16-byte stores
     assert _plan([(512, 512)] * 8, page=128).config == lazy(PERSISTENT_OVERLAP_QWORK_STAGED)
     heads_first = {r[1] for r in plan.work_tiles_cpu[:132].tolist()}

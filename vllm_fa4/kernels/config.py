@@ -157,8 +157,9 @@ class KernelConfig:
     pingpong: bool = False
     # Epilogue: O staged through the WG's slice of sQ, then 16-byte row stores.
     smem_epilogue: bool = False
-    # Producer reads a tile's page-table entries before waiting for the free stage (their
-    # latency hides under the wait) and K and V of one block share one read.
+    # The producer warp reads each block's page-table entries one block ahead (lane b: box
+    # b's page, one coalesced load per block; K and V of a block share it), so no load sits
+    # between a stage's release and its refill (paged_kv.read_block_pages, session 11).
     page_prefetch: bool = False
     # Persistent grid: min(tiles, SMs) CTAs claim tiles from a global atomic counter in list
     # (L2-section, LPT) order as they become free (tile_scheduler.TileQueue); the producer
@@ -293,8 +294,9 @@ class KernelConfig:
         """Rows per K/V TMA box: one page, or a tile-sized slice of a larger page."""
         return min(key.page_size, tile_geometry(key).tile_n, self.max_box_n)
 
-    # pagepf keeps a tile's page indices live across the acquire: at 24 registers the
-    # producer spills them (page 16), so it takes 16 from the consumers (they use < 190).
+    # page_prefetch keeps two blocks' pages and the next read live across the acquires: at
+    # 24 registers the producer's block loop spills (2 per block at page 16), so it takes 16
+    # from the consumers (PERSISTENT_OVERLAP_QWORK uses 210 of their 232).
     # With 3 consumer warpgroups the 64 K registers split 32 / 160 (40 / 152 with pagepf):
     # 128 * producer + 384 * consumer <= 65536.
     @property
@@ -348,6 +350,10 @@ PERSISTENT_OVERLAP_QWORK_3WG = replace(PERSISTENT_OVERLAP_QWORK, mma_wgs=3)
 # ... with O staged through the tile's own Q stage and written in 16-byte rows: short batches
 # at head dim 128 (session 10: 512x32-1kx16 +4-10 %, 2kx8 0 to +2.4 %; long batches -0.1 to -6 %).
 PERSISTENT_OVERLAP_QWORK_STAGED = replace(PERSISTENT_OVERLAP_QWORK, smem_epilogue=True)
+# ... whose producer reads the page table a block ahead: long batches at head dim 128 where a
+# K/V block is one page (page >= 128; session 11, H100: +1-2.5 % on 8k-16k and the chunks
+# after 4k-64k; at page 16 0 to -1.8 %).
+PERSISTENT_OVERLAP_QWORK_PAGES_AHEAD = replace(PERSISTENT_OVERLAP_QWORK, page_prefetch=True)
 LONG_BATCH_MIN_PAGE = 128  # pages this large run a different config for long batches
 SHORT_BATCH_MAX_BLOCKS = 16  # mean KV tiles visited per work tile (2k tokens at tile_n 128)
 QPF_HEAD_DIMS = (128,)  # where q_prefetch and q_tma were measured; others keep the old picks
@@ -396,13 +402,14 @@ class ServingConfigs:
 
 def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> ServingConfigs:
     """What serving runs for ``key``: ``fixed`` (VLLM_FA4_VARIANT) for every batch, else
-    the measured per-head-dim and per-page-size defaults (docs/perf-notes.md, sessions 3-7):
+    the measured per-head-dim and per-page-size defaults (docs/perf-notes.md, sessions 3-11):
 
     head dim 64    three consumer warpgroups, every batch: PERSISTENT_OVERLAP_QWORK_3WG +
                    lazy_max (sliding window: PERSISTENT_OVERLAP_QPF_3WG)
-    head dim 128   PERSISTENT_OVERLAP_QWORK + lazy_max, short batches with the staged
-                   epilogue (PERSISTENT_OVERLAP_QWORK_STAGED), every page size (sliding
-                   window: the session-4 picks)
+    head dim 128   PERSISTENT_OVERLAP_QWORK + lazy_max (at page 128 and more with the page
+                   table read a block ahead, PERSISTENT_OVERLAP_QWORK_PAGES_AHEAD), short
+                   batches with the staged epilogue (PERSISTENT_OVERLAP_QWORK_STAGED), every
+                   page size (sliding window: the session-4 picks)
     head dim 256   page 128: long OVERLAP_PINGPONG, short PERSISTENT_OVERLAP (session 3);
                    smaller pages: long PERSISTENT_OVERLAP + lazy_max, short without lazy_max
                    (512x32 lost 1.5-2.6 % with it)
@@ -419,7 +426,8 @@ def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> Servin
         if key.sliding_window:  # the session-4 picks (lazy_max, q_tma not measured there)
             long = PERSISTENT_OVERLAP_QPF if long_page else PERSISTENT_OVERLAP
             return ServingConfigs(long=long, short=PERSISTENT_OVERLAP_QPF)
-        long = with_lazy_max(PERSISTENT_OVERLAP_QWORK, key)
+        long = PERSISTENT_OVERLAP_QWORK_PAGES_AHEAD if long_page else PERSISTENT_OVERLAP_QWORK
+        long = with_lazy_max(long, key)
         return ServingConfigs(long=long, short=with_lazy_max(PERSISTENT_OVERLAP_QWORK_STAGED, key))
     if long_page:
         return ServingConfigs(long=OVERLAP_PINGPONG, short=PERSISTENT_OVERLAP)

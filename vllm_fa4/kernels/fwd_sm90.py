@@ -63,7 +63,7 @@ from vllm_fa4.kernels.paged_kv import (
     load_paged_tile,
     partition_pool_tiles,
     pool_view,
-    read_tile_pages,
+    read_block_pages,
 )
 from vllm_fa4.kernels.softmax import (
     LOG2_E,
@@ -589,13 +589,13 @@ class Sm90PagedPrefill:
                 cost_ptr = mWorkTiles[tile, None].iterator + 3
                 cute.arch.atomic_add(cost_ptr, Int32(1), sem="relaxed", scope="gpu")
 
-    def _tile_pages(self, page_row, k_len, num_blocks, n_block):
-        """With `page_prefetch`, read a tile's page-table entries now (before the stage is
-        acquired, so the load latency overlaps the wait); otherwise None: the load reads
-        them after the acquire."""
+    def _block_pages(self, page_row, k_len, num_blocks, n_block):
+        """With `page_prefetch`, this lane's share of block n_block's page-table entries
+        (read_block_pages), read a block before its loads; otherwise None: the loads read
+        them after the stage acquire."""
         if not self.cfg.page_prefetch:
             return None
-        return read_tile_pages(page_row, k_len, num_blocks, n_block, *self.paged_tile_geometry)
+        return read_block_pages(page_row, k_len, num_blocks, n_block, *self.paged_tile_geometry)
 
     def _load_tile(self, src, state, page_row, k_len, num_blocks, n_block, pages, q_boxes=None):
         """Acquire the stage and issue a K or V tile; `q_boxes(mbar)` (`q_tma`, the tile's
@@ -661,10 +661,14 @@ class Sm90PagedPrefill:
         v_src = (pipe_v, tma_atom_V, tVs, tVg, policy)
         n_max, n_min = work.n_block_max, work.n_block_min
         n_count = n_max - n_min  # blocks visited
+        # `page_prefetch`: each step reads the next block's pages (None otherwise); reads
+        # past the tile's last block (and an empty tile's) re-read n_min's.
+        pages_next = self._block_pages(*ctx, cutlass.max(n_max - 1, n_min))
         if cutlass.const_expr(not self.cfg.overlap):
             for i in cutlass.range(n_count, unroll=1):
                 n_block = n_max - 1 - i
-                pages = self._tile_pages(*ctx, n_block)  # K and V of one block share the read
+                pages = pages_next  # K and V of one block share them
+                pages_next = self._block_pages(*ctx, cutlass.max(n_block - 1, n_min))
                 first_q = None
                 if cutlass.const_expr(q_boxes is not None):
                     first_q = partial(q_boxes, when=i == 0)
@@ -674,19 +678,21 @@ class Sm90PagedPrefill:
         else:
             # Consumer order: K_j is needed one block before V_j, so issue K_{j-1} before V_j.
             if n_count > 0:
-                pages = self._tile_pages(*ctx, n_max - 1)
+                pages = pages_next
+                pages_next = self._block_pages(*ctx, cutlass.max(n_max - 2, n_min))
                 self._load_tile(k_src, state, *ctx, n_max - 1, pages, q_boxes)
                 state_v = state.clone()
                 state.advance()
                 for i in cutlass.range(1, n_count, unroll=1):
                     n_block = n_max - 1 - i
-                    pages_k = self._tile_pages(*ctx, n_block)
-                    pages_v = self._tile_pages(*ctx, n_block + 1)
-                    self._load_tile(k_src, state, *ctx, n_block, pages_k)
+                    pages_v = pages  # block n_block + 1's, read for its K
+                    pages = pages_next
+                    pages_next = self._block_pages(*ctx, cutlass.max(n_block - 1, n_min))
+                    self._load_tile(k_src, state, *ctx, n_block, pages)
                     self._load_tile(v_src, state_v, *ctx, n_block + 1, pages_v)
                     state.advance()
                     state_v.advance()
-                self._load_tile(v_src, state_v, *ctx, n_min, self._tile_pages(*ctx, n_min))
+                self._load_tile(v_src, state_v, *ctx, n_min, pages)
         if cutlass.const_expr(self.cfg.q_tma):
             q_state.advance()
             return state, q_state

@@ -76,11 +76,12 @@ def load_paged_tile(
             )
 
 
-# ---- page_prefetch variant: the page-table read split from the TMA issue, so the producer
-# can read a tile's pages before it waits for the free stage (load_paged_tile reads them after
-# the wait, which puts one global-load latency on every stage refill) and reuse them for V.
+# ---- page_prefetch variant: the producer warp reads a block's page-table entries one block
+# ahead, lane b holding box b's page (one coalesced load per block instead of one load per
+# box after every stage acquire), and K and V of one block share them. load_paged_tile reads
+# them after the acquire, which puts a global-load latency on every stage refill.
 @cute.jit
-def read_tile_pages(
+def read_block_pages(
     page_row: cute.Tensor,
     k_len: Int32,
     num_blocks: Int32,
@@ -89,16 +90,18 @@ def read_tile_pages(
     box_n: cutlass.Constexpr[int],
     page_size: cutlass.Constexpr[int],
 ):
-    """Page index of every box of tile n_block, as load_paged_tile computes it."""
+    """This lane's share of block n_block's pages: box min(lane, last box)'s page, as
+    load_paged_tile computes it (num_blocks past k_len: zero fill)."""
+    boxes = tile_n // box_n
+    box = 0
+    if cutlass.const_expr(boxes > 1):
+        box = cutlass.min(cute.arch.lane_idx(), boxes - 1)
+    token = n_block * tile_n + box * box_n
     last_page = cutlass.max(k_len - 1, 0) // page_size
-    pages = []
-    for b in cutlass.range_constexpr(tile_n // box_n):
-        token = n_block * tile_n + b * box_n
-        page = page_row[cutlass.min(token // page_size, last_page)]
-        if token >= k_len:
-            page = num_blocks
-        pages.append(page)
-    return pages
+    page = page_row[cutlass.min(token // page_size, last_page)]
+    if token >= k_len:
+        page = num_blocks
+    return page
 
 
 @cute.jit
@@ -106,7 +109,7 @@ def issue_paged_tile(
     tma_atom: cute.CopyAtom,
     tXs: cute.Tensor,
     tXg: cute.Tensor,
-    pages,  # from read_tile_pages for the same n_block
+    lane_pages: Int32,  # read_block_pages for the same n_block
     n_block: Int32,
     stage: Int32,
     mbar: cute.Pointer,
@@ -115,10 +118,15 @@ def issue_paged_tile(
     page_size: cutlass.Constexpr[int],
     cache_policy=None,
 ):
-    for b in cutlass.range_constexpr(tile_n // box_n):
+    """load_paged_tile with the pages already read: box b's page comes from lane b."""
+    boxes = tile_n // box_n
+    for b in cutlass.range_constexpr(boxes):
+        page = lane_pages
+        if cutlass.const_expr(boxes > 1):
+            page = cute.arch.shuffle_sync(lane_pages, b)
         token = n_block * tile_n + b * box_n
         rowblk = (token % page_size) // box_n
         for c in cutlass.range_constexpr(cute.size(tXs, mode=[2])):
             _copy_box(
-                tma_atom, tXg[None, rowblk, c, pages[b]], tXs[None, b, c, stage], mbar, cache_policy
+                tma_atom, tXg[None, rowblk, c, page], tXs[None, b, c, stage], mbar, cache_policy
             )
