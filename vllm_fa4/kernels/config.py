@@ -297,7 +297,7 @@ class KernelConfig:
     # page_prefetch keeps two blocks' pages and the next read live across the acquires: at
     # 24 registers the producer's block loop spills (2 per block at page 16), so it takes 16
     # from the consumers (PERSISTENT_OVERLAP_QWORK uses 210 of their 232).
-    # With 3 consumer warpgroups the 64 K registers split 32 / 160 (40 / 152 with pagepf):
+    # With 3 consumer warpgroups the 64 K registers split 32 / 160 (40 / 152 with page_prefetch):
     # 128 * producer + 384 * consumer <= 65536.
     @property
     def producer_regs(self) -> int:
