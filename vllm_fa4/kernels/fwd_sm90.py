@@ -316,30 +316,35 @@ class Sm90PagedPrefill:
     @cute.kernel
     def kernel(
         self,
-        mQ: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: Optional[cute.Tensor],
-        mCuSeqlensQ: cute.Tensor,
-        mSeqUsedK: cute.Tensor,
-        mPageTable: cute.Tensor,
-        mWorkTiles: cute.Tensor,
-        mTileCounters: Optional[cute.Tensor],
-        mK_tma: cute.Tensor,
-        mV_tma: cute.Tensor,
-        tma_atom_K: cute.CopyAtom,
-        tma_atom_V: cute.CopyAtom,
-        mQ_tma: Optional[cute.Tensor],
-        tma_atom_Q: Optional[cute.CopyAtom],
+        # global memory: Q, O, LSE (or None), the requests' lengths, the page table, the
+        # work list and (persistent) the tile counters
+        mQ,
+        mO,
+        mLSE,
+        mCuSeqlensQ,
+        mSeqUsedK,
+        mPageTable,
+        mWorkTiles,
+        mTileCounters,
+        # TMA views and atoms: the K/V pools, Q (q_tma; else None)
+        mK_tma,
+        mV_tma,
+        tma_atom_K,
+        tma_atom_V,
+        mQ_tma,
+        tma_atom_Q,
+        # scalars; the model features' operands are None where the key has none
         num_blocks: Int32,
         scale_log2: Float32,
-        mSinks: Optional[cute.Tensor],
-        window_left: Optional[Int32],
-        softcap_prescale: Optional[Float32],
-        sQ_layout: cute.ComposedLayout,
-        sK_layout: cute.ComposedLayout,
-        sV_layout: cute.ComposedLayout,
-        tiled_mma_qk: cute.TiledMma,
-        tiled_mma_pv: cute.TiledMma,
+        mSinks,
+        window_left,
+        softcap_prescale,
+        # shared-memory layouts and the two GEMMs' tiled MMAs (compile time)
+        sQ_layout,
+        sK_layout,
+        sV_layout,
+        tiled_mma_qk,
+        tiled_mma_pv,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
