@@ -33,6 +33,9 @@ SCHEDULERS = [
     # tiles handed over with their TileWork (the CTA's first tile through the queue too)
     "persistent+q_tma+queue_work",
     "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work",
+    # V loads by a second producer warp that takes the tiles from the queue too
+    "persistent+q_tma+queue_work+v_warp",
+    "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+v_warp",
 ]
 
 # (specs, Hq, Hkv, num_ctas: None = min(tiles, SMs))

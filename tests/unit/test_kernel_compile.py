@@ -198,7 +198,8 @@ def test_serving_configs_by_head_dim_page_size_and_batch():
         PERSISTENT_OVERLAP_QTMA,
         PERSISTENT_OVERLAP_QWORK,
         PERSISTENT_OVERLAP_QWORK_3WG,
-        PERSISTENT_OVERLAP_QWORK_PAGES_AHEAD,
+        PERSISTENT_OVERLAP_QWORK_V_WARP,
+        PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD,
         serving_configs,
     )
 
@@ -214,12 +215,26 @@ def test_serving_configs_by_head_dim_page_size_and_batch():
     staged = dataclasses.replace(PERSISTENT_OVERLAP_QWORK, smem_epilogue=True)
     for page in (16, 32, 64, 128, 256):  # head dim 128: q_tma + queue_work + lazy_max, short
         configs = serving_configs(KernelKey("bfloat16", 128, page, 4))  # batches staged;
-        # long ones read the page table a block ahead where a K/V block is one page
-        long = PERSISTENT_OVERLAP_QWORK_PAGES_AHEAD if page >= 128 else PERSISTENT_OVERLAP_QWORK
+        # long ones load V on a second producer warp, below page 128 with the page table
+        # read a block ahead
+        long = (
+            PERSISTENT_OVERLAP_QWORK_V_WARP
+            if page >= 128
+            else PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD
+        )
         assert configs.all == (lazy(long), lazy(staged))
         assert configs.pick(100, 10**6) == lazy(long)
-    pages_ahead = dataclasses.replace(PERSISTENT_OVERLAP_QWORK, page_prefetch=True)
-    assert pages_ahead == PERSISTENT_OVERLAP_QWORK_PAGES_AHEAD
+    v_warp = dataclasses.replace(PERSISTENT_OVERLAP_QWORK, v_warp=True)
+    assert v_warp == PERSISTENT_OVERLAP_QWORK_V_WARP
+    assert dataclasses.replace(v_warp, page_prefetch=True) == (
+        PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD
+    )
+    assert (
+        KernelConfig.parse("persistent+q_tma+v_warp").unsupported_reason(
+            KernelKey("bfloat16", 128, 16, 4)
+        )
+        == "flag 'v_warp' needs 'queue_work'"
+    )
     for page in (16, 32, 64):
         # with a sliding window (lazy_max not measured there): the session-4 picks
         windowed = serving_configs(KernelKey("bfloat16", 128, page, 4, sliding_window=True))

@@ -269,18 +269,17 @@ def test_plan_uses_sections_and_picks_the_config_per_batch():
     from vllm_fa4.kernels.config import (
         OVERLAP_PINGPONG,
         PERSISTENT_OVERLAP,
-        PERSISTENT_OVERLAP_QWORK,
         PERSISTENT_OVERLAP_QWORK_3WG,
-        PERSISTENT_OVERLAP_QWORK_PAGES_AHEAD,
         PERSISTENT_OVERLAP_QWORK_STAGED,
+        PERSISTENT_OVERLAP_QWORK_V_WARP,
     )
 
     def lazy(config):
         return dataclasses.replace(config, lazy_max=True)
 
     plan = _plan([(16384, 16384)], page=128)
-    # head dim 128, long batches at page 128: the page table read a block ahead
-    assert plan.config == lazy(PERSISTENT_OVERLAP_QWORK_PAGES_AHEAD)
+    # head dim 128, long batches at page 128: V loaded by a second producer warp
+    assert plan.config == lazy(PERSISTENT_OVERLAP_QWORK_V_WARP)
     # short batches (tiles visit <= 16 K/V tiles on average): O staged, 16-byte stores
     assert _plan([(512, 512)] * 8, page=128).config == lazy(PERSISTENT_OVERLAP_QWORK_STAGED)
     heads_first = {r[1] for r in plan.work_tiles_cpu[:132].tolist()}
@@ -297,8 +296,10 @@ def test_plan_uses_sections_and_picks_the_config_per_batch():
     for specs, page in (([(16384, 16384)], 128), ([(512, 512)] * 8, 16)):
         plan = _plan(specs, d=64, page=page)
         assert plan.config == lazy(PERSISTENT_OVERLAP_QWORK_3WG) and plan.geometry.tile_m == 192
-    # below page 128, head dim 128: the same split
-    assert _plan([(16384, 16384)], page=16).config == lazy(PERSISTENT_OVERLAP_QWORK)
+    # below page 128, head dim 128: the same split, long batches with the page table read a
+    # block ahead
+    pages_ahead = dataclasses.replace(PERSISTENT_OVERLAP_QWORK_V_WARP, page_prefetch=True)
+    assert _plan([(16384, 16384)], page=16).config == lazy(pages_ahead)
     assert _plan([(512, 512)] * 8, page=16).config == lazy(PERSISTENT_OVERLAP_QWORK_STAGED)
 
 

@@ -182,6 +182,11 @@ class KernelConfig:
     # its TileWork in the tile queue's shared-memory slot, so the consumers start a tile
     # without global loads (tile_scheduler.TileQueue.publish_work).
     queue_work: bool = False
+    # With queue_work: the producer warpgroup's second warp issues the V loads (it takes each
+    # tile from the queue like the consumers), the first keeps Q, K and the queue. A K or V
+    # tile at page 16 is 16 TMA boxes of ~10 uniform instructions each; on one warp all of
+    # them land on one SMSP, in the issue slots of a consumer warp of each warpgroup.
+    v_warp: bool = False
     # With overlap: the softmax sits in both arms of the causal-mask branch, which keeps
     # ptxas from hoisting the P V wgmma wait above it (fwd_sm90.softmax_block).
     softmax_per_arm: bool = False
@@ -253,6 +258,8 @@ class KernelConfig:
             return "flags 'q_tma' and 'q_prefetch' exclude each other (both load Q)"
         if self.queue_work and not (self.persistent and self.q_tma):
             return "flag 'queue_work' needs 'persistent' and 'q_tma'"
+        if self.v_warp and not self.queue_work:
+            return "flag 'v_warp' needs 'queue_work'"
         if self.narrow_diag and tile_geometry(key, self.mma_wgs).tile_n != 128:
             return "flag 'narrow_diag' needs 128-key blocks (head dims up to 128)"
         if self.softmax_per_arm and not self.overlap:
@@ -350,10 +357,15 @@ PERSISTENT_OVERLAP_QWORK_3WG = replace(PERSISTENT_OVERLAP_QWORK, mma_wgs=3)
 # ... with O staged through the tile's own Q stage and written in 16-byte rows: short batches
 # at head dim 128 (session 10: 512x32-1kx16 +4-10 %, 2kx8 0 to +2.4 %; long batches -0.1 to -6 %).
 PERSISTENT_OVERLAP_QWORK_STAGED = replace(PERSISTENT_OVERLAP_QWORK, smem_epilogue=True)
-# ... whose producer reads the page table a block ahead: long batches at head dim 128 where a
-# K/V block is one page (page >= 128; session 11, H100: +1-2.5 % on 8k-16k and the chunks
-# after 4k-64k; at page 16 0 to -1.8 %).
-PERSISTENT_OVERLAP_QWORK_PAGES_AHEAD = replace(PERSISTENT_OVERLAP_QWORK, page_prefetch=True)
+# ... with the V loads on the producer warpgroup's second warp (session 12, H100 and H200):
+# long batches at head dim 128, below page 128 with the page table read a block ahead
+# (page 16, 4k+ tokens: +0.5-0.9 % over PERSISTENT_OVERLAP_QWORK), at page 128 without it
+# (there each warp reads its block's one entry after the acquire; -0.1 to +0.7 % over
+# session 11's page_prefetch pick, which v_warp + page_prefetch did not beat).
+PERSISTENT_OVERLAP_QWORK_V_WARP = replace(PERSISTENT_OVERLAP_QWORK, v_warp=True)
+PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD = replace(
+    PERSISTENT_OVERLAP_QWORK_V_WARP, page_prefetch=True
+)
 LONG_BATCH_MIN_PAGE = 128  # pages this large run a different config for long batches
 SHORT_BATCH_MAX_BLOCKS = 16  # mean KV tiles visited per work tile (2k tokens at tile_n 128)
 QPF_HEAD_DIMS = (128,)  # where q_prefetch and q_tma were measured; others keep the old picks
@@ -406,10 +418,12 @@ def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> Servin
 
     head dim 64    three consumer warpgroups, every batch: PERSISTENT_OVERLAP_QWORK_3WG +
                    lazy_max (sliding window: PERSISTENT_OVERLAP_QPF_3WG)
-    head dim 128   PERSISTENT_OVERLAP_QWORK + lazy_max (at page 128 and more with the page
-                   table read a block ahead, PERSISTENT_OVERLAP_QWORK_PAGES_AHEAD), short
-                   batches with the staged epilogue (PERSISTENT_OVERLAP_QWORK_STAGED), every
-                   page size (sliding window: the session-4 picks)
+    head dim 128   long batches PERSISTENT_OVERLAP_QWORK + lazy_max with the V loads on a
+                   second producer warp, below page 128 with the page table read a block
+                   ahead (PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD), at 128 and more
+                   without (PERSISTENT_OVERLAP_QWORK_V_WARP); short batches with the staged
+                   epilogue (PERSISTENT_OVERLAP_QWORK_STAGED), every page size (sliding
+                   window: the session-4 picks)
     head dim 256   page 128: long OVERLAP_PINGPONG, short PERSISTENT_OVERLAP (session 3);
                    smaller pages: long PERSISTENT_OVERLAP + lazy_max, short without lazy_max
                    (512x32 lost 1.5-2.6 % with it)
@@ -426,7 +440,11 @@ def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> Servin
         if key.sliding_window:  # the session-4 picks (lazy_max, q_tma not measured there)
             long = PERSISTENT_OVERLAP_QPF if long_page else PERSISTENT_OVERLAP
             return ServingConfigs(long=long, short=PERSISTENT_OVERLAP_QPF)
-        long = PERSISTENT_OVERLAP_QWORK_PAGES_AHEAD if long_page else PERSISTENT_OVERLAP_QWORK
+        long = (
+            PERSISTENT_OVERLAP_QWORK_V_WARP
+            if long_page
+            else PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD
+        )
         long = with_lazy_max(long, key)
         return ServingConfigs(long=long, short=with_lazy_max(PERSISTENT_OVERLAP_QWORK_STAGED, key))
     if long_page:

@@ -385,8 +385,9 @@ class Sm90PagedPrefill:
                 barrier_storage=storage.mbar_queue.data_ptr(),
                 num_stages=TILE_QUEUE_STAGES,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
+                # every consumer thread arrives on "empty"; with `v_warp` the V warp's too
                 consumer_group=pipeline.CooperativeGroup(
-                    pipeline.Agent.Thread, self.num_mma_threads
+                    pipeline.Agent.Thread, self.num_mma_threads + 32 * self.cfg.v_warp
                 ),
                 defer_sync=True,
             )
@@ -423,6 +424,10 @@ class Sm90PagedPrefill:
                     pipeline.PipelineUserType.Producer, self.stages
                 )
                 self.walk_tiles(produce, prod_args, state, tile_args, first_tile, queue, True)
+            if cutlass.const_expr(self.cfg.v_warp):
+                if warp_idx == 1:
+                    v_args = (mPageTable, mV_tma, tma_atom_V, sV, num_blocks, pipe_v)
+                    self.walk_v_loads(v_args, tile_args, queue)
         else:
             cute.arch.setmaxregister_increase(self.cfg.mma_regs)
             wg = cute.arch.make_warp_uniform((tidx - 128) // 128)
@@ -669,7 +674,9 @@ class Sm90PagedPrefill:
         # `page_prefetch`: each step reads the next block's pages (None otherwise); reads
         # past the tile's last block (and an empty tile's) re-read n_min's.
         pages_next = self._block_pages(*ctx, cutlass.max(n_max - 1, n_min))
-        if cutlass.const_expr(not self.cfg.overlap):
+        if cutlass.const_expr(self.cfg.v_warp):  # V is the second warp's (produce_v)
+            state = self.issue_blocks(k_src, state, ctx, n_max, n_min, q_boxes)
+        elif cutlass.const_expr(not self.cfg.overlap):
             for i in cutlass.range(n_count, unroll=1):
                 n_block = n_max - 1 - i
                 pages = pages_next  # K and V of one block share them
@@ -702,6 +709,48 @@ class Sm90PagedPrefill:
             q_state.advance()
             return state, q_state
         return state
+
+    @cute.jit
+    def issue_blocks(self, src, state, ctx, n_max: Int32, n_min: Int32, q_boxes=None):
+        """`v_warp`: one warp's K or V tiles of blocks n_max - 1 down to n_min on its own
+        pipe (`q_boxes`: the tile's Q on the first block's mbarrier); returns the state."""
+        pages_next = self._block_pages(*ctx, cutlass.max(n_max - 1, n_min))
+        for i in cutlass.range(n_max - n_min, unroll=1):
+            n_block = n_max - 1 - i
+            pages = pages_next
+            pages_next = self._block_pages(*ctx, cutlass.max(n_block - 1, n_min))
+            first_q = None
+            if cutlass.const_expr(q_boxes is not None):
+                first_q = partial(q_boxes, when=i == 0)
+            self._load_tile(src, state, *ctx, n_block, pages, first_q)
+            state.advance()
+        return state
+
+    @cute.jit
+    def produce_v(self, work, mPageTable, mV_tma, tma_atom_V, sV, num_blocks, pipe_v, state):
+        """`v_warp`: one tile's V loads, last block first; returns the advanced state."""
+        tVs, tVg = partition_pool_tiles(tma_atom_V, mV_tma, sV, work.kv_head, self.box_n)
+        policy = None
+        if cutlass.const_expr(self.cfg.kv_evict_last):
+            policy = cutlass.Int64(L2_EVICT_LAST)
+        ctx = (mPageTable[work.batch, None], work.k_len, num_blocks)
+        v_src = (pipe_v, tma_atom_V, tVs, tVg, policy)
+        return self.issue_blocks(v_src, state, ctx, work.n_block_max, work.n_block_min)
+
+    @cute.jit
+    def walk_v_loads(self, v_args, tile_args, queue):
+        """`v_warp`: the second producer warp takes every tile from the queue, as the
+        consumers do, and issues its V loads."""
+        num_tiles = tile_args[0].shape[0]
+        users = pipeline.PipelineUserType
+        state = pipeline.make_pipeline_state(users.Producer, self.stages)
+        queue_state = pipeline.make_pipeline_state(users.Consumer, TILE_QUEUE_STAGES)
+        wait_tile, take_work = queue.wait_tile, queue.take_work
+        tile = wait_tile(queue_state)
+        while tile < num_tiles:
+            work, queue_state = take_work(queue_state)
+            state = self.produce_v(work, *v_args, state)
+            tile = wait_tile(queue_state)
 
     @cute.jit
     def issue_q_boxes(self, work, q_load, q_index: Int32, mbar, when=None):

@@ -58,6 +58,10 @@ ALL_CONFIGS = tuple(
         "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work",
         "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+mma_wgs=3",
         "persistent+q_tma+queue_work",
+        # V loads on the producer warpgroup's second warp (session 12)
+        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+v_warp",
+        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+v_warp+page_prefetch",
+        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+v_warp+mma_wgs=3",
         # O staged in the tile's own Q stage (short batches, session 10)
         "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+smem_epilogue",
     )
