@@ -652,8 +652,9 @@ class Sm90PagedPrefill:
         q_state=None,
         q_load=None,
     ):
-        """Issue one tile's K/V loads (last block first), with `q_tma` its Q on the first K's
-        mbarrier; returns the advanced state (and Q's)."""
+        """Issue one tile's K/V loads (with `v_warp` only K; produce_v issues V), last block
+        first, with `q_tma` its Q on the first K's mbarrier; returns the advanced state (and
+        Q's)."""
         q_boxes = None
         if cutlass.const_expr(self.cfg.q_tma):
             # The consumers freed this Q stage after their last Q K^T two tiles ago.
