@@ -665,30 +665,19 @@ class Sm90PagedPrefill:
         tVs, tVg = partition_pool_tiles(tma_atom_V, mV_tma, sV, work.kv_head, self.box_n)
         k_len = work.k_len
         ctx = (page_row, k_len, num_blocks)
-        policy = None
-        if cutlass.const_expr(self.cfg.kv_evict_last):
-            policy = cutlass.Int64(L2_EVICT_LAST)
+        policy = self._kv_policy()
         k_src = (pipe_k, tma_atom_K, tKs, tKg, policy)
         v_src = (pipe_v, tma_atom_V, tVs, tVg, policy)
         n_max, n_min = work.n_block_max, work.n_block_min
-        n_count = n_max - n_min  # blocks visited
-        # `page_prefetch`: each step reads the next block's pages (None otherwise); reads
-        # past the tile's last block (and an empty tile's) re-read n_min's.
-        pages_next = self._block_pages(*ctx, cutlass.max(n_max - 1, n_min))
-        if cutlass.const_expr(self.cfg.v_warp):  # V is the second warp's (produce_v)
-            state = self.issue_blocks(k_src, state, ctx, n_max, n_min, q_boxes)
-        elif cutlass.const_expr(not self.cfg.overlap):
-            for i in cutlass.range(n_count, unroll=1):
-                n_block = n_max - 1 - i
-                pages = pages_next  # K and V of one block share them
-                pages_next = self._block_pages(*ctx, cutlass.max(n_block - 1, n_min))
-                first_q = None
-                if cutlass.const_expr(q_boxes is not None):
-                    first_q = partial(q_boxes, when=i == 0)
-                self._load_tile(k_src, state, *ctx, n_block, pages, first_q)
-                self._load_tile(v_src, state, *ctx, n_block, pages)
-                state.advance()
+        if cutlass.const_expr(self.cfg.v_warp or not self.cfg.overlap):
+            # Block by block: K, then V unless the second warp loads it (`v_warp`, produce_v)
+            srcs = (k_src,) if cutlass.const_expr(self.cfg.v_warp) else (k_src, v_src)
+            state = self.issue_blocks(srcs, state, ctx, n_max, n_min, q_boxes)
         else:
+            n_count = n_max - n_min  # blocks visited
+            # `page_prefetch`: each step reads the next block's pages (None otherwise); reads
+            # past the tile's last block (and an empty tile's) re-read n_min's.
+            pages_next = self._block_pages(*ctx, cutlass.max(n_max - 1, n_min))
             # Consumer order: K_j is needed one block before V_j, so issue K_{j-1} before V_j.
             if n_count > 0:
                 pages = pages_next
@@ -711,19 +700,31 @@ class Sm90PagedPrefill:
             return state, q_state
         return state
 
+    def _kv_policy(self):
+        """The K/V loads' L2 cache policy operand (`kv_evict_last`), or None: no hint."""
+        if self.cfg.kv_evict_last:
+            return cutlass.Int64(L2_EVICT_LAST)
+        return None
+
     @cute.jit
-    def issue_blocks(self, src, state, ctx, n_max: Int32, n_min: Int32, q_boxes=None):
-        """`v_warp`: one warp's K or V tiles of blocks n_max - 1 down to n_min on its own
-        pipe (`q_boxes`: the tile's Q on the first block's mbarrier); returns the state."""
+    def issue_blocks(self, srcs, state, ctx, n_max: Int32, n_min: Int32, q_boxes=None):
+        """Issue blocks n_max - 1 down to n_min, each block's tile of every source in `srcs`
+        (K, V, or K then V: one pipeline state, one stage per block); `q_boxes`: the tile's
+        Q on the first block's first mbarrier. Returns the advanced state."""
+        n_count = n_max - n_min  # blocks visited
+        # `page_prefetch`: each step reads the next block's pages (None otherwise); reads
+        # past the tile's last block (and an empty tile's) re-read n_min's.
         pages_next = self._block_pages(*ctx, cutlass.max(n_max - 1, n_min))
-        for i in cutlass.range(n_max - n_min, unroll=1):
+        for i in cutlass.range(n_count, unroll=1):
             n_block = n_max - 1 - i
-            pages = pages_next
+            pages = pages_next  # every source of the block shares them
             pages_next = self._block_pages(*ctx, cutlass.max(n_block - 1, n_min))
             first_q = None
             if cutlass.const_expr(q_boxes is not None):
                 first_q = partial(q_boxes, when=i == 0)
-            self._load_tile(src, state, *ctx, n_block, pages, first_q)
+            self._load_tile(srcs[0], state, *ctx, n_block, pages, first_q)
+            for src in srcs[1:]:
+                self._load_tile(src, state, *ctx, n_block, pages)
             state.advance()
         return state
 
@@ -731,12 +732,9 @@ class Sm90PagedPrefill:
     def produce_v(self, work, mPageTable, mV_tma, tma_atom_V, sV, num_blocks, pipe_v, state):
         """`v_warp`: one tile's V loads, last block first; returns the advanced state."""
         tVs, tVg = partition_pool_tiles(tma_atom_V, mV_tma, sV, work.kv_head, self.box_n)
-        policy = None
-        if cutlass.const_expr(self.cfg.kv_evict_last):
-            policy = cutlass.Int64(L2_EVICT_LAST)
         ctx = (mPageTable[work.batch, None], work.k_len, num_blocks)
-        v_src = (pipe_v, tma_atom_V, tVs, tVg, policy)
-        return self.issue_blocks(v_src, state, ctx, work.n_block_max, work.n_block_min)
+        v_src = (pipe_v, tma_atom_V, tVs, tVg, self._kv_policy())
+        return self.issue_blocks((v_src,), state, ctx, work.n_block_max, work.n_block_min)
 
     @cute.jit
     def walk_v_loads(self, v_args, tile_args, queue):
