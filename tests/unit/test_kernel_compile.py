@@ -102,7 +102,36 @@ VARIANT_CASES = [
         "overlap+pingpong+persistent+softmax_per_arm+q_tma+mma_wgs=3",
         KernelKey("bfloat16", 64, 128, 8),
     ),
+    # wide_box's 5-D box (64, 8 rows, chunks, row groups): one chunk (head dim 64), four
+    # (256, 64-key tiles), a 128-row box, a page split into 32-row boxes, the base loop
+    ("wide_box", KernelKey("float16", 64, 32, 3)),
+    ("overlap+pingpong+wide_box", KernelKey("bfloat16", 256, 128, 2)),
+    ("overlap+pingpong+persistent+softmax_per_arm+wide_box", KernelKey("bfloat16", 256, 16, 4)),
+    (
+        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+v_warp+wide_box",
+        KernelKey("bfloat16", 128, 128, 8),
+    ),
+    ("overlap+pingpong+page_prefetch+max_box_n=32+wide_box", KernelKey("bfloat16", 128, 64, 4)),
 ]
+
+
+def test_wide_box_needs_whole_boxes_per_block():
+    """wide_box addresses the cache as token slots: a block stride that is not a whole
+    number of boxes is refused with the layout named, vLLM's layouts pass."""
+    import torch
+
+    from vllm_fa4.kernels.compile import check_slot_boxes
+    from vllm_fa4.paged_prefill.layout import split_kv_cache
+
+    cache = torch.empty(4, 8, 16, 2 * 128, dtype=torch.bfloat16)  # logical (blocks, H, page, 2D)
+    nhd = cache.view(4, 16, 8, 256).transpose(1, 2)  # NHD memory
+    k, _ = split_kv_cache(nhd, 128)
+    check_slot_boxes(k, 16)
+    check_slot_boxes(k[::2], 16)  # every other block: block stride 2 pages
+    padded = torch.empty(4, 16 * 8 * 256 + 64, dtype=torch.bfloat16)[:, : 16 * 8 * 256]
+    k_padded, _ = split_kv_cache(padded.view(4, 16, 8, 256).transpose(1, 2), 128)
+    with pytest.raises(ValueError, match="wide_box needs the cache's block stride"):
+        check_slot_boxes(k_padded, 16)
 
 
 @pytest.mark.parametrize("spec,key", VARIANT_CASES, ids=[f"{s}-{k!r}" for s, k in VARIANT_CASES])
@@ -200,6 +229,7 @@ def test_serving_configs_by_head_dim_page_size_and_batch():
         PERSISTENT_OVERLAP_QWORK_3WG,
         PERSISTENT_OVERLAP_QWORK_V_WARP,
         PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD,
+        PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD_WIDE,
         serving_configs,
     )
 
@@ -216,11 +246,11 @@ def test_serving_configs_by_head_dim_page_size_and_batch():
     for page in (16, 32, 64, 128, 256):  # head dim 128: q_tma + queue_work + lazy_max, short
         configs = serving_configs(KernelKey("bfloat16", 128, page, 4))  # batches staged;
         # long ones load V on a second producer warp, below page 128 with the page table
-        # read a block ahead
+        # read a block ahead and whole-row K/V boxes
         long = (
             PERSISTENT_OVERLAP_QWORK_V_WARP
             if page >= 128
-            else PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD
+            else PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD_WIDE
         )
         assert configs.all == (lazy(long), lazy(staged))
         assert configs.pick(100, 10**6) == lazy(long)
@@ -228,6 +258,9 @@ def test_serving_configs_by_head_dim_page_size_and_batch():
     assert v_warp == PERSISTENT_OVERLAP_QWORK_V_WARP
     assert dataclasses.replace(v_warp, page_prefetch=True) == (
         PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD
+    )
+    assert dataclasses.replace(v_warp, page_prefetch=True, wide_box=True) == (
+        PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD_WIDE
     )
     assert (
         KernelConfig.parse("persistent+q_tma+v_warp").unsupported_reason(

@@ -297,8 +297,10 @@ def test_plan_uses_sections_and_picks_the_config_per_batch():
         plan = _plan(specs, d=64, page=page)
         assert plan.config == lazy(PERSISTENT_OVERLAP_QWORK_3WG) and plan.geometry.tile_m == 192
     # below page 128, head dim 128: the same split, long batches with the page table read a
-    # block ahead
-    pages_ahead = dataclasses.replace(PERSISTENT_OVERLAP_QWORK_V_WARP, page_prefetch=True)
+    # block ahead and one TMA box per page for all of D
+    pages_ahead = dataclasses.replace(
+        PERSISTENT_OVERLAP_QWORK_V_WARP, page_prefetch=True, wide_box=True
+    )
     assert _plan([(16384, 16384)], page=16).config == lazy(pages_ahead)
     assert _plan([(512, 512)] * 8, page=16).config == lazy(PERSISTENT_OVERLAP_QWORK_STAGED)
 

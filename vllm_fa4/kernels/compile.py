@@ -90,6 +90,20 @@ def compile_keys(
                 )
 
 
+def check_slot_boxes(k_cache, box_n: int) -> None:
+    """`wide_box` addresses the cache as token slots (paged_kv.slot_view): a block must be a
+    whole number of ``box_n``-slot boxes. vLLM's caches are (block stride = page_size token
+    strides, or a multiple of it in a cross-layer layout)."""
+    block_stride, token_stride = k_cache.stride(0), k_cache.stride(1)
+    if block_stride % (token_stride * box_n):
+        raise ValueError(
+            f"vllm_fa4: the kernel config's wide_box needs the cache's block stride "
+            f"({block_stride}) to be a multiple of {box_n} token strides ({token_stride}); "
+            f"k_cache shape {tuple(k_cache.shape)} strides {tuple(k_cache.stride())}. Set "
+            "VLLM_FA4_VARIANT to a config without wide_box for this cache layout."
+        )
+
+
 _SM_COUNT: dict = {}
 # (device, stream) -> the [2] int32 tile counter of `persistent` launches on that stream. The kernel
 # zeroes it again on exit (tile_scheduler.TileQueue), so ordered launches share it; two
@@ -140,6 +154,8 @@ def prefill_forward(
     when ``key`` has the matching flag (docs/contracts.md).
     """
     check_features(key, window_left, softcap, sinks)
+    if config.wide_box:
+        check_slot_boxes(k_cache, config.box_n(key))
     fn = get_kernel(key, config, lse is not None)
     if num_ctas is None:
         num_ctas = min(args.work_tiles.shape[0], _sm_count(q.device))

@@ -187,6 +187,13 @@ class KernelConfig:
     # tile at page 16 is 16 TMA boxes of ~10 uniform instructions each; on one warp all of
     # them land on one SMSP, in the issue slots of a consumer warp of each warpgroup.
     v_warp: bool = False
+    # A K/V TMA box spans the whole head dim (every 64-column chunk) instead of one chunk:
+    # the pool is described to TMA as 5-D (64 columns, 8 rows, chunk, 8-row group of the
+    # cache's token slots, head) and sK/sV hold each 8-row group's chunks side by side, so
+    # a page-16 K or V tile is 8 boxes, not 16 (paged_kv.py). Needs the cache's block
+    # stride to be a whole number of boxes of token strides (vLLM's is page_size of them;
+    # compile.check_slot_boxes refuses other layouts at launch).
+    wide_box: bool = False
     # With overlap: the softmax sits in both arms of the causal-mask branch, which keeps
     # ptxas from hoisting the P V wgmma wait above it (fwd_sm90.softmax_block).
     softmax_per_arm: bool = False
@@ -366,6 +373,13 @@ PERSISTENT_OVERLAP_QWORK_V_WARP = replace(PERSISTENT_OVERLAP_QWORK, v_warp=True)
 PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD = replace(
     PERSISTENT_OVERLAP_QWORK_V_WARP, page_prefetch=True
 )
+# ... with one TMA box per page for all of D (session 13, H100 and H200): long batches at
+# head dim 128 below page 128 (page 16, 4k+ tokens: +0.8-1.1 %). At page 128 (2 boxes per
+# block instead of 4) it measured -0.6 to +0.7 %, and the staged epilogue of short batches
+# lost 0-2 % with it: both keep the per-chunk boxes.
+PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD_WIDE = replace(
+    PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD, wide_box=True
+)
 LONG_BATCH_MIN_PAGE = 128  # pages this large run a different config for long batches
 SHORT_BATCH_MAX_BLOCKS = 16  # mean KV tiles visited per work tile (2k tokens at tile_n 128)
 QPF_HEAD_DIMS = (128,)  # where q_prefetch and q_tma were measured; others keep the old picks
@@ -420,10 +434,10 @@ def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> Servin
                    lazy_max (sliding window: PERSISTENT_OVERLAP_QPF_3WG)
     head dim 128   long batches PERSISTENT_OVERLAP_QWORK + lazy_max with the V loads on a
                    second producer warp, below page 128 with the page table read a block
-                   ahead (PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD), at 128 and more
-                   without (PERSISTENT_OVERLAP_QWORK_V_WARP); short batches with the staged
-                   epilogue (PERSISTENT_OVERLAP_QWORK_STAGED), every page size (sliding
-                   window: the session-4 picks)
+                   ahead and whole-row K/V boxes (PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD_WIDE),
+                   at 128 and more without both (PERSISTENT_OVERLAP_QWORK_V_WARP); short
+                   batches with the staged epilogue (PERSISTENT_OVERLAP_QWORK_STAGED), every
+                   page size (sliding window: the session-4 picks)
     head dim 256   page 128: long OVERLAP_PINGPONG, short PERSISTENT_OVERLAP (session 3);
                    smaller pages: long PERSISTENT_OVERLAP + lazy_max, short without lazy_max
                    (512x32 lost 1.5-2.6 % with it)
@@ -443,7 +457,7 @@ def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> Servin
         long = (
             PERSISTENT_OVERLAP_QWORK_V_WARP
             if long_page
-            else PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD
+            else PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD_WIDE
         )
         long = with_lazy_max(long, key)
         return ServingConfigs(long=long, short=with_lazy_max(PERSISTENT_OVERLAP_QWORK_STAGED, key))

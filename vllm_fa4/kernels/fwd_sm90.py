@@ -37,6 +37,10 @@ Compile-time variants (KernelConfig):
                     start a tile (walk_queue_work).
   narrow_diag       the first (diagonal) block's Q K^T on a 64 x {32, 64, 96, 128} wgmma:
                     only the key columns some row of the tile sees (narrow_first_qk).
+  v_warp            (with queue_work) the producer warpgroup's second warp issues the V
+                    loads (walk_v_loads); the first keeps Q, K and the queue.
+  wide_box          one K/V TMA box per page (or box_n rows) for all of D, over the cache's
+                    token slots (paged_kv.slot_view); sK/sV in kv_smem_order.
 """
 
 from dataclasses import dataclass
@@ -60,10 +64,14 @@ from vllm_fa4.kernels.paged_kv import (
     D_CHUNK,
     L2_EVICT_LAST,
     issue_paged_tile,
+    kv_smem_order,
     load_paged_tile,
     partition_pool_tiles,
+    partition_slot_boxes,
     pool_view,
     read_block_pages,
+    slot_view,
+    wide_box_coords,
 )
 from vllm_fa4.kernels.softmax import (
     LOG2_E,
@@ -116,6 +124,19 @@ class QTmaLoad:
 
 
 @dataclass
+class KvSource:
+    """Where one of K and V comes from and goes to: its pipeline, TMA atom and partitioned
+    views (partition_pool_tiles, or with `wide_box` partition_slot_boxes), cache policy."""
+
+    pipe: pipeline.PipelineTmaAsync
+    atom: cute.CopyAtom
+    smem: cute.Tensor
+    gmem: cute.Tensor
+    policy: Optional[cutlass.Int64]  # L2 hint (`kv_evict_last`) or None
+    boxes_per_block: Optional[Int32]  # `wide_box`: slot boxes per cache block, else None
+
+
+@dataclass
 class BlockGemms:
     """One consumer warpgroup's operands of a K/V block's two GEMMs: the MMAs, K and V^T over
     the K/V stages, P (the P V A operand, from registers) and the O accumulator."""
@@ -155,13 +176,29 @@ class Sm90PagedPrefill:
         assert self.tile_n % self.box_n == 0 and self.head_dim % D_CHUNK == 0
 
     # ---------------------------------------------------------------- host-side helpers
-    def _smem_layout(self, rows: int, cols: int, stages: Optional[int] = None):
+    def _smem_layout(self, rows: int, cols: int, stages: Optional[int] = None, kv: bool = False):
+        """A swizzled (rows, cols[, stages]) tile; `kv`: a K/V tile, whose atoms follow
+        kv_smem_order (`wide_box`)."""
         atom = warpgroup.make_smem_layout_atom(
             sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, cols), self.dtype
         )
+        wide = kv and self.cfg.wide_box
         if stages is None:
-            return cute.tile_to_shape(atom, (rows, cols), (0, 1))
-        return cute.tile_to_shape(atom, (rows, cols, stages), (0, 1, 2))
+            return cute.tile_to_shape(atom, (rows, cols), kv_smem_order(wide, False))
+        return cute.tile_to_shape(atom, (rows, cols, stages), kv_smem_order(wide, True))
+
+    def make_kv_tma(self, mX: cute.Tensor, tma_op, boxes_per_block):
+        """TMA atom and coordinate tensor of a K or V pool: per-chunk boxes over
+        (row_in_page, D, head, page), or with `wide_box` whole-row boxes over the slots."""
+        if not self.cfg.wide_box:
+            box_layout = self._smem_layout(self.box_n, D_CHUNK)
+            return cpasync.make_tiled_tma_atom(
+                tma_op, pool_view(mX), box_layout, (self.box_n, D_CHUNK)
+            )
+        coords = wide_box_coords(self.box_n, self.head_dim, self.box_n)
+        box_layout = cute.composition(self._smem_layout(self.box_n, self.head_dim, kv=True), coords)
+        view = slot_view(mX, self.box_n, boxes_per_block)
+        return cpasync.make_tiled_tma_atom(tma_op, view, box_layout, coords.shape)
 
     def _storage_cls(self, sQ_layout, sK_layout, sV_layout):
         """The shared-memory struct: mbarriers (K, V, then the tile queue's and Q's where
@@ -241,18 +278,19 @@ class Sm90PagedPrefill:
     ):
         q_stages = self.cfg.q_stages if self.cfg.q_tma else None
         sQ_layout = self._smem_layout(self.tile_m, self.head_dim, q_stages)
-        sK_layout = self._smem_layout(self.tile_n, self.head_dim, self.stages)
-        sV_layout = self._smem_layout(self.tile_n, self.head_dim, self.stages)
-        box_layout = self._smem_layout(self.box_n, D_CHUNK)
+        sK_layout = self._smem_layout(self.tile_n, self.head_dim, self.stages, kv=True)
+        sV_layout = self._smem_layout(self.tile_n, self.head_dim, self.stages, kv=True)
         self.storage_cls = self._storage_cls(sQ_layout, sK_layout, sV_layout)
 
+        kv_boxes_per_block = None
+        if cutlass.const_expr(self.cfg.wide_box):
+            # Checked on the host (prefill_forward): the block stride is a whole number of
+            # boxes of token slots. K and V share strides.
+            s_blk, s_tok = mK.layout.stride[0], mK.layout.stride[1]
+            kv_boxes_per_block = Int32(s_blk // (s_tok * self.box_n))
         tma_op = cpasync.CopyBulkTensorTileG2SOp()
-        tma_atom_K, mK_tma = cpasync.make_tiled_tma_atom(
-            tma_op, pool_view(mK), box_layout, (self.box_n, D_CHUNK)
-        )
-        tma_atom_V, mV_tma = cpasync.make_tiled_tma_atom(
-            tma_op, pool_view(mV), box_layout, (self.box_n, D_CHUNK)
-        )
+        tma_atom_K, mK_tma = self.make_kv_tma(mK, tma_op, kv_boxes_per_block)
+        tma_atom_V, mV_tma = self.make_kv_tma(mV, tma_op, kv_boxes_per_block)
 
         tma_atom_Q, mQ_tma = None, None
         if cutlass.const_expr(self.cfg.q_tma):
@@ -296,6 +334,7 @@ class Sm90PagedPrefill:
             mQ_tma,
             tma_atom_Q,
             mK.shape[0],
+            kv_boxes_per_block,
             scale_log2,
             sinks,
             window,
@@ -335,6 +374,7 @@ class Sm90PagedPrefill:
         tma_atom_Q,
         # scalars; the model features' operands are None where the key has none
         num_blocks: Int32,
+        kv_boxes_per_block,  # `wide_box`: slot boxes per cache block (else None)
         scale_log2: Float32,
         mSinks,
         window_left,
@@ -416,7 +456,7 @@ class Sm90PagedPrefill:
             cute.arch.setmaxregister_decrease(self.cfg.producer_regs)
             if warp_idx == 0:
                 prod_args = (mPageTable, mK_tma, mV_tma, tma_atom_K, tma_atom_V, sK, sV)
-                prod_args = (*prod_args, num_blocks, pipe_k, pipe_v)
+                prod_args = (*prod_args, (num_blocks, kv_boxes_per_block), pipe_k, pipe_v)
                 produce = self.produce
                 if cutlass.const_expr(self.cfg.q_tma):
                     produce = partial(produce, q_load=QTmaLoad(tma_atom_Q, mQ_tma, sQ, q_empty))
@@ -426,7 +466,8 @@ class Sm90PagedPrefill:
                 self.walk_tiles(produce, prod_args, state, tile_args, first_tile, queue, True)
             if cutlass.const_expr(self.cfg.v_warp):
                 if warp_idx == 1:
-                    v_args = (mPageTable, mV_tma, tma_atom_V, sV, num_blocks, pipe_v)
+                    pool = (num_blocks, kv_boxes_per_block)
+                    v_args = (mPageTable, mV_tma, tma_atom_V, sV, pool, pipe_v)
                     self.walk_v_loads(v_args, tile_args, queue)
         else:
             cute.arch.setmaxregister_increase(self.cfg.mma_regs)
@@ -607,10 +648,12 @@ class Sm90PagedPrefill:
             return None
         return read_block_pages(page_row, k_len, num_blocks, n_block, *self.paged_tile_geometry)
 
-    def _load_tile(self, src, state, page_row, k_len, num_blocks, n_block, pages, q_boxes=None):
+    def _load_tile(
+        self, src: KvSource, state, page_row, k_len, num_blocks, n_block, pages, q_boxes=None
+    ):
         """Acquire the stage and issue a K or V tile; `q_boxes(mbar)` (`q_tma`, the tile's
         first K) puts the tile's Q on the same mbarrier first."""
-        pipe, atom, tXs, tXg, policy = src
+        pipe, atom, tXs, tXg, policy = src.pipe, src.atom, src.smem, src.gmem, src.policy
         pipe.producer_acquire(state)
         mbar = pipe.producer_get_barrier(state)
         if cutlass.const_expr(q_boxes is not None):
@@ -628,11 +671,30 @@ class Sm90PagedPrefill:
                 mbar,
                 *self.paged_tile_geometry,
                 policy,
+                src.boxes_per_block,
             )
         else:
             issue_paged_tile(
-                atom, tXs, tXg, pages, n_block, state.index, mbar, *self.paged_tile_geometry, policy
+                atom,
+                tXs,
+                tXg,
+                pages,
+                n_block,
+                state.index,
+                mbar,
+                *self.paged_tile_geometry,
+                policy,
+                src.boxes_per_block,
             )
+
+    def _kv_source(self, pipe, atom, mX_tma, sX, kv_head, boxes_per_block) -> KvSource:
+        """A tile's K or V source: its TMA views partitioned for the kv_head."""
+        if self.cfg.wide_box:
+            tile_shape = (self.tile_n, self.head_dim, self.stages)
+            tXs, tXg = partition_slot_boxes(atom, mX_tma, sX, kv_head, self.box_n, tile_shape)
+        else:
+            tXs, tXg = partition_pool_tiles(atom, mX_tma, sX, kv_head, self.box_n)
+        return KvSource(pipe, atom, tXs, tXg, self._kv_policy(), boxes_per_block)
 
     @cute.jit
     def produce(
@@ -645,7 +707,7 @@ class Sm90PagedPrefill:
         tma_atom_V,
         sK,
         sV,
-        num_blocks,
+        pool,
         pipe_k,
         pipe_v,
         state,
@@ -660,14 +722,11 @@ class Sm90PagedPrefill:
             # The consumers freed this Q stage after their last Q K^T two tiles ago.
             cute.arch.mbarrier_wait(q_load.empty + q_state.index, q_state.phase)
             q_boxes = partial(self.issue_q_boxes, work, q_load, q_state.index)
-        page_row = mPageTable[work.batch, None]
-        tKs, tKg = partition_pool_tiles(tma_atom_K, mK_tma, sK, work.kv_head, self.box_n)
-        tVs, tVg = partition_pool_tiles(tma_atom_V, mV_tma, sV, work.kv_head, self.box_n)
-        k_len = work.k_len
-        ctx = (page_row, k_len, num_blocks)
-        policy = self._kv_policy()
-        k_src = (pipe_k, tma_atom_K, tKs, tKg, policy)
-        v_src = (pipe_v, tma_atom_V, tVs, tVg, policy)
+        num_blocks, boxes_per_block = pool  # (cache blocks, `wide_box` boxes per block)
+        ctx = (mPageTable[work.batch, None], work.k_len, num_blocks)
+        head = (work.kv_head, boxes_per_block)
+        k_src = self._kv_source(pipe_k, tma_atom_K, mK_tma, sK, *head)
+        v_src = self._kv_source(pipe_v, tma_atom_V, mV_tma, sV, *head)
         n_max, n_min = work.n_block_max, work.n_block_min
         if cutlass.const_expr(self.cfg.v_warp or not self.cfg.overlap):
             # Block by block: K, then V unless the second warp loads it (`v_warp`, produce_v)
@@ -729,11 +788,11 @@ class Sm90PagedPrefill:
         return state
 
     @cute.jit
-    def produce_v(self, work, mPageTable, mV_tma, tma_atom_V, sV, num_blocks, pipe_v, state):
+    def produce_v(self, work, mPageTable, mV_tma, tma_atom_V, sV, pool, pipe_v, state):
         """`v_warp`: one tile's V loads, last block first; returns the advanced state."""
-        tVs, tVg = partition_pool_tiles(tma_atom_V, mV_tma, sV, work.kv_head, self.box_n)
+        num_blocks, boxes_per_block = pool
+        v_src = self._kv_source(pipe_v, tma_atom_V, mV_tma, sV, work.kv_head, boxes_per_block)
         ctx = (mPageTable[work.batch, None], work.k_len, num_blocks)
-        v_src = (pipe_v, tma_atom_V, tVs, tVg, self._kv_policy())
         return self.issue_blocks((v_src,), state, ctx, work.n_block_max, work.n_block_min)
 
     @cute.jit

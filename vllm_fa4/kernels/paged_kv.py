@@ -6,6 +6,14 @@ to TMA as a rank-4 tensor (row_in_page, D, head, page). A K/V tile of ``tile_n``
 split along D into 64-element (128 B, the swizzle width) chunks. All boxes of a tile
 complete on the tile's stage mbarrier, whose tx-count is the whole tile. Boxes past the
 request's last page target page ``num_blocks`` (out of bounds), so TMA zero-fills them.
+
+`wide_box`: one box per ``box_n`` rows carries every chunk of D. The cache's token slots
+(block b, row r: slot ``b * slots_per_block + r``, slots_per_block = block stride / token
+stride) are one strided dimension, so the pool is a rank-5 tensor (64 columns, 8 rows,
+chunk, 8-row group of slots, head) whose box (64, 8, chunks, box_n / 8) lands in shared
+memory as the 1 KB swizzle atoms of an 8-row group side by side, chunk after chunk
+(``kv_smem_order``). Box ``page * boxes_per_block + row_block`` of that tensor is one page's
+slice; ``num_blocks * boxes_per_block`` is past the end (zero fill).
 """
 
 import cutlass
@@ -44,6 +52,71 @@ def partition_pool_tiles(
     )
 
 
+# ---- wide_box: boxes over whole rows (every chunk of D) of the cache's token slots ----
+def kv_smem_order(wide_box: bool, with_stages: bool) -> tuple:
+    """tile_to_shape order of a K/V tile's swizzle atoms (8 rows x 64 columns, 1 KB): down
+    the rows first, chunk by chunk, or with `wide_box` the chunks of an 8-row group side by
+    side (the order a wide box's bytes arrive in). Both are canonical wgmma layouts; only
+    the 8-row-group and chunk strides differ."""
+    order = (1, 0) if wide_box else (0, 1)
+    return (*order, 2) if with_stages else order
+
+
+def wide_box_coords(rows: int, head_dim: int, box_n: int, stages=None) -> cute.Layout:
+    """(64 columns, 8 rows, chunk, 8-row group[, box in tile, stage]) -> the column-major
+    index of (row, column[, stage]) in a ``rows`` x ``head_dim`` K/V tile: the first four
+    modes are one wide box in the order TMA writes it."""
+    shape = (D_CHUNK, 8, head_dim // D_CHUNK, box_n // 8)
+    stride = (rows, 1, D_CHUNK * rows, 8)
+    if stages is not None:
+        shape, stride = (*shape, rows // box_n, stages), (*stride, box_n, rows * head_dim)
+    return cute.make_layout(shape, stride=stride)
+
+
+def slot_view(mX: cute.Tensor, box_n: int, boxes_per_block) -> cute.Tensor:
+    """[num_blocks, page, Hkv, D] -> (64 columns, 8 rows, chunk, 8-row slot group, Hkv): the
+    pool's token slots as one dimension (block stride = boxes_per_block * box_n slots)."""
+    _, s_tok, s_head, _ = mX.layout.stride
+    groups = mX.shape[0] * boxes_per_block * (box_n // 8)
+    chunks = mX.shape[3] // D_CHUNK
+    layout = cute.make_layout(
+        (D_CHUNK, 8, chunks, groups, mX.shape[2]), stride=(1, s_tok, D_CHUNK, 8 * s_tok, s_head)
+    )
+    return cute.make_tensor(mX.iterator, layout)
+
+
+def partition_slot_boxes(
+    tma_atom: cute.CopyAtom,
+    mX_tma: cute.Tensor,
+    sX: cute.Tensor,
+    kv_head,
+    box_n: int,
+    tile_shape: tuple,  # sX's (rows, head_dim, stages)
+):
+    """`wide_box` TMA views: smem ((box), box_in_tile, stage), gmem ((box), box of slots)."""
+    rows, head_dim, stages = tile_shape
+    sXb = cute.composition(sX, wide_box_coords(rows, head_dim, box_n, stages))
+    box = (D_CHUNK, 8, head_dim // D_CHUNK, box_n // 8)
+    gX = cute.local_tile(mX_tma[None, None, None, None, kv_head], box, (0, 0, 0, None))
+    return cpasync.tma_partition(
+        tma_atom, 0, cute.make_layout(1), cute.group_modes(sXb, 0, 4), cute.group_modes(gX, 0, 4)
+    )
+
+
+@cute.jit
+def _issue_box(tma_atom, tXs, tXg, b, rowblk, page, stage, mbar, boxes_per_block, cache_policy):
+    """Box b of a tile: one per 64-column chunk, or with `wide_box` (boxes_per_block given)
+    one for the whole row block."""
+    if cutlass.const_expr(boxes_per_block is None):
+        for c in cutlass.range_constexpr(cute.size(tXs, mode=[2])):
+            _copy_box(
+                tma_atom, tXg[None, rowblk, c, page], tXs[None, b, c, stage], mbar, cache_policy
+            )
+    else:
+        src = tXg[None, page * boxes_per_block + rowblk]
+        _copy_box(tma_atom, src, tXs[None, b, stage], mbar, cache_policy)
+
+
 @cute.jit
 def load_paged_tile(
     tma_atom: cute.CopyAtom,
@@ -59,6 +132,7 @@ def load_paged_tile(
     box_n: cutlass.Constexpr[int],
     page_size: cutlass.Constexpr[int],
     cache_policy=None,  # Int64 L2 policy for the loads (L2_EVICT_LAST), or None: no hint
+    boxes_per_block=None,  # `wide_box`: boxes of box_n slots per cache block, else None
 ):
     """Issue every box of K/V tile n_block into `stage`, all on the stage's mbarrier."""
     # Clamp the page-table read to the request's last page (entries past it are junk and
@@ -70,10 +144,7 @@ def load_paged_tile(
         if token >= k_len:
             page = num_blocks
         rowblk = (token % page_size) // box_n
-        for c in cutlass.range_constexpr(cute.size(tXs, mode=[2])):
-            _copy_box(
-                tma_atom, tXg[None, rowblk, c, page], tXs[None, b, c, stage], mbar, cache_policy
-            )
+        _issue_box(tma_atom, tXs, tXg, b, rowblk, page, stage, mbar, boxes_per_block, cache_policy)
 
 
 # ---- page_prefetch variant: the producer warp reads a block's page-table entries one block
@@ -117,6 +188,7 @@ def issue_paged_tile(
     box_n: cutlass.Constexpr[int],
     page_size: cutlass.Constexpr[int],
     cache_policy=None,
+    boxes_per_block=None,
 ):
     """load_paged_tile with the pages already read: box b's page comes from lane b."""
     boxes = tile_n // box_n
@@ -126,7 +198,4 @@ def issue_paged_tile(
             page = cute.arch.shuffle_sync(lane_pages, b)
         token = n_block * tile_n + b * box_n
         rowblk = (token % page_size) // box_n
-        for c in cutlass.range_constexpr(cute.size(tXs, mode=[2])):
-            _copy_box(
-                tma_atom, tXg[None, rowblk, c, page], tXs[None, b, c, stage], mbar, cache_policy
-            )
+        _issue_box(tma_atom, tXs, tXg, b, rowblk, page, stage, mbar, boxes_per_block, cache_policy)

@@ -64,6 +64,13 @@ ALL_CONFIGS = tuple(
         "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+v_warp+mma_wgs=3",
         # O staged in the tile's own Q stage (short batches, session 10)
         "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+smem_epilogue",
+        # K/V boxes over whole rows of the cache's token slots (session 13)
+        "wide_box",
+        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+wide_box",
+        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+v_warp+wide_box",
+        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+v_warp+page_prefetch+wide_box",
+        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+smem_epilogue+wide_box",
+        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+mma_wgs=3+wide_box",
     )
 )
 
