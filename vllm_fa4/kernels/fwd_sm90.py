@@ -724,9 +724,9 @@ class Sm90PagedPrefill:
             q_boxes = partial(self.issue_q_boxes, work, q_load, q_state.index)
         num_blocks, boxes_per_block = pool  # (cache blocks, `wide_box` boxes per block)
         ctx = (mPageTable[work.batch, None], work.k_len, num_blocks)
-        head = (work.kv_head, boxes_per_block)
-        k_src = self._kv_source(pipe_k, tma_atom_K, mK_tma, sK, *head)
-        v_src = self._kv_source(pipe_v, tma_atom_V, mV_tma, sV, *head)
+        head = work.kv_head
+        k_src = self._kv_source(pipe_k, tma_atom_K, mK_tma, sK, head, boxes_per_block)
+        v_src = self._kv_source(pipe_v, tma_atom_V, mV_tma, sV, head, boxes_per_block)
         n_max, n_min = work.n_block_max, work.n_block_min
         if cutlass.const_expr(self.cfg.v_warp or not self.cfg.overlap):
             # Block by block: K, then V unless the second warp loads it (`v_warp`, produce_v)
