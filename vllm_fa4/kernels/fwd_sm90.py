@@ -124,6 +124,14 @@ class QTmaLoad:
 
 
 @dataclass
+class KvPool:
+    """The K/V cache pool's runtime sizes the producer's loads need."""
+
+    num_blocks: Int32  # cache blocks (a box aimed at this block is past the end: zero fill)
+    boxes_per_block: Optional[Int32]  # `wide_box`: slot boxes per cache block, else None
+
+
+@dataclass
 class KvSource:
     """Where one of K and V comes from and goes to: its pipeline, TMA atom and partitioned
     views (partition_pool_tiles, or with `wide_box` partition_slot_boxes), cache policy."""
@@ -456,7 +464,8 @@ class Sm90PagedPrefill:
             cute.arch.setmaxregister_decrease(self.cfg.producer_regs)
             if warp_idx == 0:
                 prod_args = (mPageTable, mK_tma, mV_tma, tma_atom_K, tma_atom_V, sK, sV)
-                prod_args = (*prod_args, (num_blocks, kv_boxes_per_block), pipe_k, pipe_v)
+                pool = KvPool(num_blocks, kv_boxes_per_block)
+                prod_args = (*prod_args, pool, pipe_k, pipe_v)
                 produce = self.produce
                 if cutlass.const_expr(self.cfg.q_tma):
                     produce = partial(produce, q_load=QTmaLoad(tma_atom_Q, mQ_tma, sQ, q_empty))
@@ -466,7 +475,7 @@ class Sm90PagedPrefill:
                 self.walk_tiles(produce, prod_args, state, tile_args, first_tile, queue, True)
             if cutlass.const_expr(self.cfg.v_warp):
                 if warp_idx == 1:
-                    pool = (num_blocks, kv_boxes_per_block)
+                    pool = KvPool(num_blocks, kv_boxes_per_block)
                     v_args = (mPageTable, mV_tma, tma_atom_V, sV, pool, pipe_v)
                     self.walk_v_loads(v_args, tile_args, queue)
         else:
@@ -722,11 +731,10 @@ class Sm90PagedPrefill:
             # The consumers freed this Q stage after their last Q K^T two tiles ago.
             cute.arch.mbarrier_wait(q_load.empty + q_state.index, q_state.phase)
             q_boxes = partial(self.issue_q_boxes, work, q_load, q_state.index)
-        num_blocks, boxes_per_block = pool  # (cache blocks, `wide_box` boxes per block)
-        ctx = (mPageTable[work.batch, None], work.k_len, num_blocks)
-        head = work.kv_head
-        k_src = self._kv_source(pipe_k, tma_atom_K, mK_tma, sK, head, boxes_per_block)
-        v_src = self._kv_source(pipe_v, tma_atom_V, mV_tma, sV, head, boxes_per_block)
+        ctx = (mPageTable[work.batch, None], work.k_len, pool.num_blocks)
+        head, boxes = work.kv_head, pool.boxes_per_block
+        k_src = self._kv_source(pipe_k, tma_atom_K, mK_tma, sK, head, boxes)
+        v_src = self._kv_source(pipe_v, tma_atom_V, mV_tma, sV, head, boxes)
         n_max, n_min = work.n_block_max, work.n_block_min
         if cutlass.const_expr(self.cfg.v_warp or not self.cfg.overlap):
             # Block by block: K, then V unless the second warp loads it (`v_warp`, produce_v)
@@ -790,9 +798,9 @@ class Sm90PagedPrefill:
     @cute.jit
     def produce_v(self, work, mPageTable, mV_tma, tma_atom_V, sV, pool, pipe_v, state):
         """`v_warp`: one tile's V loads, last block first; returns the advanced state."""
-        num_blocks, boxes_per_block = pool
-        v_src = self._kv_source(pipe_v, tma_atom_V, mV_tma, sV, work.kv_head, boxes_per_block)
-        ctx = (mPageTable[work.batch, None], work.k_len, num_blocks)
+        boxes = pool.boxes_per_block
+        v_src = self._kv_source(pipe_v, tma_atom_V, mV_tma, sV, work.kv_head, boxes)
+        ctx = (mPageTable[work.batch, None], work.k_len, pool.num_blocks)
         return self.issue_blocks((v_src,), state, ctx, work.n_block_max, work.n_block_min)
 
     @cute.jit
