@@ -118,6 +118,17 @@ def _issue_box(tma_atom, tXs, tXg, b, rowblk, page, stage, mbar, boxes_per_block
 
 
 @cute.jit
+def box_page(page_row, token: Int32, last_page: Int32, k_len: Int32, num_blocks: Int32, page_size):
+    """The page holding `token`: the page-table read clamped to the request's last page
+    (entries past it are junk and may lie past the row's end); past k_len, page num_blocks
+    (out of bounds: TMA zero-fills the box)."""
+    page = page_row[cutlass.min(token // page_size, last_page)]
+    if token >= k_len:
+        page = num_blocks
+    return page
+
+
+@cute.jit
 def load_paged_tile(
     tma_atom: cute.CopyAtom,
     tXs: cute.Tensor,
@@ -135,14 +146,10 @@ def load_paged_tile(
     boxes_per_block=None,  # `wide_box`: boxes of box_n slots per cache block, else None
 ):
     """Issue every box of K/V tile n_block into `stage`, all on the stage's mbarrier."""
-    # Clamp the page-table read to the request's last page (entries past it are junk and
-    # may lie past the row's end); boxes past k_len read page num_blocks -> zero fill.
     last_page = cutlass.max(k_len - 1, 0) // page_size
     for b in cutlass.range_constexpr(tile_n // box_n):
         token = n_block * tile_n + b * box_n
-        page = page_row[cutlass.min(token // page_size, last_page)]
-        if token >= k_len:
-            page = num_blocks
+        page = box_page(page_row, token, last_page, k_len, num_blocks, page_size)
         rowblk = (token % page_size) // box_n
         _issue_box(tma_atom, tXs, tXg, b, rowblk, page, stage, mbar, boxes_per_block, cache_policy)
 
@@ -169,10 +176,7 @@ def read_block_pages(
         box = cutlass.min(cute.arch.lane_idx(), boxes - 1)
     token = n_block * tile_n + box * box_n
     last_page = cutlass.max(k_len - 1, 0) // page_size
-    page = page_row[cutlass.min(token // page_size, last_page)]
-    if token >= k_len:
-        page = num_blocks
-    return page
+    return box_page(page_row, token, last_page, k_len, num_blocks, page_size)
 
 
 @cute.jit
