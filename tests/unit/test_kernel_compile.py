@@ -2,6 +2,7 @@
 
 import dataclasses
 import os
+from functools import partial
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
@@ -112,6 +113,11 @@ VARIANT_CASES = [
         KernelKey("bfloat16", 128, 128, 8),
     ),
     ("overlap+pingpong+page_prefetch+max_box_n=32+wide_box", KernelKey("bfloat16", 128, 64, 4)),
+    # pv_wait_mid's split softmax after the soft cap and the window's mask, at head dim 256
+    (
+        "overlap+pingpong+persistent+softmax_per_arm+pv_wait_mid",
+        KernelKey("bfloat16", 256, 128, 2, sliding_window=True, softcap=True, sinks=True),
+    ),
 ]
 
 
@@ -188,6 +194,8 @@ def test_config_spellings_roundtrip(monkeypatch):
     assert KernelConfig.parse("max_box_n=64").box_n(KernelKey("bfloat16", 128, 16, 4)) == 16
     key = KernelKey("bfloat16", 128, 16, 4)
     assert "needs 'overlap'" in KernelConfig.parse("softmax_per_arm").unsupported_reason(key)
+    pv_mid = KernelConfig.parse("overlap+pv_wait_mid")
+    assert "needs 'softmax_per_arm'" in pv_mid.unsupported_reason(key)
     assert "needs 'pingpong'" in KernelConfig.parse("single_poller").unsupported_reason(key)
     assert KernelConfig.parse("overlap+kv_evict_last").unsupported_reason(key) is None
     assert KernelConfig.parse("overlap+persistent+softmax_per_arm").unsupported_reason(key) is None
@@ -252,8 +260,10 @@ def test_serving_configs_by_head_dim_page_size_and_batch():
             if page >= 128
             else PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD_WIDE
         )
-        assert configs.all == (lazy(long), lazy(staged))
-        assert configs.pick(100, 10**6) == lazy(long)
+        # ... and every one waits for P V after the first row's exponentials
+        mid = partial(dataclasses.replace, pv_wait_mid=True)
+        assert configs.all == (mid(lazy(long)), mid(lazy(staged)))
+        assert configs.pick(100, 10**6) == mid(lazy(long))
     v_warp = dataclasses.replace(PERSISTENT_OVERLAP_QWORK, v_warp=True)
     assert v_warp == PERSISTENT_OVERLAP_QWORK_V_WARP
     assert dataclasses.replace(v_warp, page_prefetch=True) == (

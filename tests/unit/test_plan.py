@@ -275,10 +275,11 @@ def test_plan_uses_sections_and_picks_the_config_per_batch():
     )
 
     def lazy(config):
-        return dataclasses.replace(config, lazy_max=True)
+        return dataclasses.replace(config, lazy_max=True, pv_wait_mid=True)
 
     plan = _plan([(16384, 16384)], page=128)
-    # head dim 128, long batches at page 128: V loaded by a second producer warp
+    # head dim 128 (lazy() adds lazy_max and pv_wait_mid), long batches at page 128: V
+    # loaded by a second producer warp
     assert plan.config == lazy(PERSISTENT_OVERLAP_QWORK_V_WARP)
     # short batches (tiles visit <= 16 K/V tiles on average): O staged, 16-byte stores
     assert _plan([(512, 512)] * 8, page=128).config == lazy(PERSISTENT_OVERLAP_QWORK_STAGED)
@@ -290,12 +291,15 @@ def test_plan_uses_sections_and_picks_the_config_per_batch():
     # ... and 512-token requests (tiles visit 1-8 K/V tiles) the persistent grid
     assert _plan([(512, 512)] * 8, d=256, page=128).config == PERSISTENT_OVERLAP
     # head dim 256 below page 128: lazy_max for long batches only
-    assert _plan([(16384, 16384)], d=256, page=16).config == lazy(PERSISTENT_OVERLAP)
+    assert _plan([(16384, 16384)], d=256, page=16).config == dataclasses.replace(
+        PERSISTENT_OVERLAP, lazy_max=True
+    )
     assert _plan([(512, 512)] * 8, d=256, page=16).config == PERSISTENT_OVERLAP
     # head dim 64: three warpgroups (192-row tiles) for every batch and page
     for specs, page in (([(16384, 16384)], 128), ([(512, 512)] * 8, 16)):
         plan = _plan(specs, d=64, page=page)
-        assert plan.config == lazy(PERSISTENT_OVERLAP_QWORK_3WG) and plan.geometry.tile_m == 192
+        three = dataclasses.replace(PERSISTENT_OVERLAP_QWORK_3WG, lazy_max=True)
+        assert plan.config == three and plan.geometry.tile_m == 192
     # below page 128, head dim 128: the same split, long batches with the page table read a
     # block ahead and one TMA box per page for all of D
     pages_ahead = dataclasses.replace(

@@ -197,6 +197,10 @@ class KernelConfig:
     # With overlap: the softmax sits in both arms of the causal-mask branch, which keeps
     # ptxas from hoisting the P V wgmma wait above it (fwd_sm90.softmax_block).
     softmax_per_arm: bool = False
+    # With softmax_per_arm: the P V wait sits after the first row's exponentials (every
+    # row's max before them), not after all of them, so the bf16 packing of P and the
+    # V release run among the other row's exp2s instead of after the last one.
+    pv_wait_mid: bool = False
     # K/V TMA loads carry an L2 evict-last hint (FA3 does the same): every M tile of a
     # (request, KV head) pair re-reads the pair's K/V, while Q and O pass through once.
     kv_evict_last: bool = False
@@ -271,6 +275,8 @@ class KernelConfig:
             return "flag 'narrow_diag' needs 128-key blocks (head dims up to 128)"
         if self.softmax_per_arm and not self.overlap:
             return "flag 'softmax_per_arm' needs 'overlap'"
+        if self.pv_wait_mid and not self.softmax_per_arm:
+            return "flag 'pv_wait_mid' needs 'softmax_per_arm'"
         if self.single_poller and not self.pingpong:
             return "flag 'single_poller' needs 'pingpong'"
         if self.mma_wgs not in (2, 3):
@@ -380,6 +386,17 @@ PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD = replace(
 PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD_WIDE = replace(
     PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD, wide_box=True
 )
+
+
+# Every head-dim-128 pick above (long and short, no window) with the P V wait after the first
+# row's exponentials and O's rescale in the next block's turn (session 14, H100, 8 rounds:
+# page-16 4k+ 1.051 -> 1.111 of FA3, page-128 long 1.005 -> 1.043, short 1.110 -> 1.139;
+# 70B at TP 8 likewise). Head dim 64's three warpgroups measured -1.3 % to +1.4 % with it
+# (long page-128 batches lose) and keep their pick.
+def with_pv_wait_mid(config: KernelConfig) -> KernelConfig:
+    return replace(config, pv_wait_mid=True)
+
+
 LONG_BATCH_MIN_PAGE = 128  # pages this large run a different config for long batches
 SHORT_BATCH_MAX_BLOCKS = 16  # mean KV tiles visited per work tile (2k tokens at tile_n 128)
 QPF_HEAD_DIMS = (128,)  # where q_prefetch and q_tma were measured; others keep the old picks
@@ -428,7 +445,7 @@ class ServingConfigs:
 
 def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> ServingConfigs:
     """What serving runs for ``key``: ``fixed`` (VLLM_FA4_VARIANT) for every batch, else
-    the measured per-head-dim and per-page-size defaults (docs/perf-notes.md, sessions 3-11):
+    the measured per-head-dim and per-page-size defaults (docs/perf-notes.md, sessions 3-14):
 
     head dim 64    three consumer warpgroups, every batch: PERSISTENT_OVERLAP_QWORK_3WG +
                    lazy_max (sliding window: PERSISTENT_OVERLAP_QPF_3WG)
@@ -437,7 +454,7 @@ def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> Servin
                    ahead and whole-row K/V boxes (PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD_WIDE),
                    at 128 and more without both (PERSISTENT_OVERLAP_QWORK_V_WARP); short
                    batches with the staged epilogue (PERSISTENT_OVERLAP_QWORK_STAGED), every
-                   page size (sliding window: the session-4 picks)
+                   page size; both with pv_wait_mid (sliding window: the session-4 picks)
     head dim 256   page 128: long OVERLAP_PINGPONG, short PERSISTENT_OVERLAP (session 3);
                    smaller pages: long PERSISTENT_OVERLAP + lazy_max, short without lazy_max
                    (512x32 lost 1.5-2.6 % with it)
@@ -459,8 +476,9 @@ def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> Servin
             if long_page
             else PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD_WIDE
         )
-        long = with_lazy_max(long, key)
-        return ServingConfigs(long=long, short=with_lazy_max(PERSISTENT_OVERLAP_QWORK_STAGED, key))
+        long = with_pv_wait_mid(with_lazy_max(long, key))
+        short = with_pv_wait_mid(with_lazy_max(PERSISTENT_OVERLAP_QWORK_STAGED, key))
+        return ServingConfigs(long=long, short=short)
     if long_page:
         return ServingConfigs(long=OVERLAP_PINGPONG, short=PERSISTENT_OVERLAP)
     return ServingConfigs(long=with_lazy_max(PERSISTENT_OVERLAP, key), short=PERSISTENT_OVERLAP)

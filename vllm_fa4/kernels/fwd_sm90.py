@@ -24,6 +24,9 @@ Compile-time variants (KernelConfig):
                     (tile_scheduler.TileQueue).
   softmax_per_arm   (with overlap) the softmax sits in both arms of the mask branch, which
                     keeps ptxas from hoisting the P V wait above it (softmax_block).
+  pv_wait_mid       (with softmax_per_arm) the P V wait after the first row's
+                    exponentials; the second row's and P's packing follow it in one basic
+                    block, O's rescale moves to the next block's turn (overlap_step).
   kv_evict_last     K/V TMA loads carry an L2 evict-last cache hint.
   single_poller     (with pingpong) only the first consumer warpgroup polls the K/V stage
                     mbarriers inside the block loops; the turn order covers the second.
@@ -73,6 +76,7 @@ from vllm_fa4.kernels.paged_kv import (
     slot_view,
     wide_box_coords,
 )
+from vllm_fa4.kernels.regs import computed_here
 from vllm_fa4.kernels.softmax import (
     LOG2_E,
     acc_as_operand_a,
@@ -80,6 +84,8 @@ from vllm_fa4.kernels.softmax import (
     apply_softcap,
     rescale_needed,
     scale_rows,
+    softmax_head,
+    softmax_rest,
     softmax_step,
 )
 from vllm_fa4.kernels.tile_scheduler import (
@@ -948,7 +954,18 @@ class Sm90PagedPrefill:
 
     @cute.jit
     def softmax_block(
-        self, acc_S, n_block, tScS, work, diag, row_max, row_sum, row_scale, scale_log2, feats
+        self,
+        acc_S,
+        n_block,
+        tScS,
+        work,
+        diag,
+        row_max,
+        row_sum,
+        row_scale,
+        scale_log2,
+        feats,
+        neg_shift=None,
     ):
         """Online softmax of a block after the first: the mask only on diagonal blocks (and,
         with a sliding window, on blocks under some row's left edge); the soft cap first.
@@ -957,9 +974,17 @@ class Sm90PagedPrefill:
         the caller's following wgmma wait (for P V, overlap loop) to the top of the basic
         block that holds the softmax, so the softmax no longer overlaps that GEMM (ncu, 8kx2
         p128: 15 % of warp samples on the wait); with the softmax in the arms the wait stays
-        after it, at the join."""
+        after it, at the join.
+
+        `pv_wait_mid` (neg_shift given): the arms end after the first row's exponentials
+        (softmax_head); the caller waits for P V and then runs softmax_rest."""
         per_arm = self.cfg.softmax_per_arm
         lazy = self.cfg.lazy_max
+        if cutlass.const_expr(neg_shift is not None):
+            head = (acc_S, row_max, row_sum, row_scale, neg_shift, scale_log2, lazy)
+            arm = partial(softmax_head, *head)
+        else:
+            arm = partial(softmax_step, acc_S, row_max, row_sum, row_scale, scale_log2, False, lazy)
         window_left, softcap_prescale = feats
         if cutlass.const_expr(softcap_prescale is not None):
             apply_softcap(acc_S, softcap_prescale)
@@ -969,10 +994,10 @@ class Sm90PagedPrefill:
         if needs_mask:
             self.mask(acc_S, tScS, n_block, work, diag, window_left)
             if cutlass.const_expr(per_arm):
-                softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False, lazy)
+                arm()
         else:
             if cutlass.const_expr(per_arm):
-                softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False, lazy)
+                arm()
         if cutlass.const_expr(not per_arm):
             softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False, lazy)
 
@@ -1104,7 +1129,7 @@ class Sm90PagedPrefill:
                 self.free_q_stage(q_empty, q_stage)
             if cutlass.const_expr(self.cfg.overlap or pp):
                 # The last block's P V, left in flight by both overlapped loops.
-                self.last_pv(g, state_v, pipe_v, wg)
+                self.last_pv(g, state_v, pipe_v, wg, row_scale)
         elif cutlass.const_expr(self.cfg.q_prefetch):  # empty tile: nothing read sQ
             next_tile, queue_state = self.prefetch_next_q(
                 receive, queue_state, tile_args, mQ, sQ, tidx, wg
@@ -1274,24 +1299,42 @@ class Sm90PagedPrefill:
         acc_S = self.new_acc_S(g)
         turn_wait(self.turns, wg)
         _wgmma(g.mma_qk, acc_S, tSrQ, g.tSrK[None, None, None, state.index], True, -1)
+        if cutlass.const_expr(self.cfg.pv_wait_mid):
+            self.rescale_o(g.acc_O, row_scale)  # the previous block's, under this Q K^T
         _wgmma(g.mma_pv, g.acc_O, g.tOrP, g.tOrVt[None, None, None, state_v.index], False, -1)
         turn_pass(self.turns, wg)
         warpgroup.wait_group(1)  # S_j done; P_{j+1} V_{j+1} may still run
         pipe_k.consumer_release(state)
-        self.softmax_block(acc_S, n_block, *softmax_args)
+        if cutlass.const_expr(self.cfg.pv_wait_mid):
+            neg_shift = cute.make_rmem_tensor(cute.size(row_scale), Float32)
+            self.softmax_block(acc_S, n_block, *softmax_args, neg_shift=neg_shift)
+        else:
+            self.softmax_block(acc_S, n_block, *softmax_args)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(state_v)
-        self.rescale_o(g.acc_O, row_scale)
-        g.tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+        if cutlass.const_expr(self.cfg.pv_wait_mid):
+            # O's rescale waits for the next block's turn (above, or last_pv): its branch
+            # here would split the other rows' exponentials from P's packing, which ptxas
+            # then cannot interleave.
+            _, _, _, _, row_sum, _, scale_log2, _ = softmax_args
+            softmax_rest(acc_S, row_sum, row_scale, neg_shift, scale_log2)
+            g.tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+            computed_here(g.tOrP)
+        else:
+            self.rescale_o(g.acc_O, row_scale)
+            g.tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
         state.advance()
         state_v.advance()
         self.wait_turn_stage(pipe_v, state_v, wg)
         return state, state_v
 
     @cute.jit
-    def last_pv(self, g, state_v, pipe_v, wg: Int32):
-        """A tile's last P V in a turn of its own (the overlapped loops leave it in flight)."""
+    def last_pv(self, g, state_v, pipe_v, wg: Int32, row_scale):
+        """A tile's last P V in a turn of its own (the overlapped loops leave it in flight);
+        with `pv_wait_mid` after the last block's rescale of O."""
         turn_wait(self.turns, wg)
+        if cutlass.const_expr(self.cfg.pv_wait_mid):
+            self.rescale_o(g.acc_O, row_scale)
         _wgmma(g.mma_pv, g.acc_O, g.tOrP, g.tOrVt[None, None, None, state_v.index], False, -1)
         turn_pass(self.turns, wg)
         warpgroup.wait_group(0)

@@ -49,6 +49,50 @@ def quad_allreduce(x: Float32, is_max: cutlass.Constexpr[bool]) -> Float32:
 
 
 @cute.jit
+def _row_new_max(sS, i, row_max, scale_log2, is_first, lazy_max):
+    """Row i's max after this block: (new max, whether it moved (lazy_max), the exp2 shift
+    -max * scale_log2)."""
+    ncol = cute.size(sS, mode=[1])
+    blk_max = sS[i, 0]
+    for j in cutlass.range_constexpr(1, ncol):
+        blk_max = cute.arch.fmax(blk_max, sS[i, j])
+    blk_max = quad_allreduce(blk_max, True)
+    prev_max = row_max[i]
+    new_max = cute.arch.fmax(prev_max, blk_max)
+    moved = None
+    if cutlass.const_expr(lazy_max and not is_first):
+        # -inf -> finite grows by +inf (moves); -inf -> -inf is NaN (stays -inf).
+        moved = (new_max - prev_max) * scale_log2 > Float32(LAZY_MAX_MARGIN_LOG2)
+        new_max = new_max if moved else prev_max
+    # A row that has seen only masked keys keeps max -inf: shift by 0 so exp2 gives 0.
+    safe_max = new_max if new_max != -Float32.inf else Float32(0.0)
+    return new_max, moved, -safe_max * scale_log2
+
+
+@cute.jit
+def _row_exps(sS, i, scale_log2, neg_shift) -> Float32:
+    """Row i: S -> exp2(S * scale_log2 - max * scale_log2) in place; returns the row's sum."""
+    part = Float32(0.0)
+    for j in cutlass.range_constexpr(cute.size(sS, mode=[1])):
+        p = cute.math.exp2(sS[i, j] * scale_log2 + neg_shift, fastmath=True)
+        sS[i, j] = p
+        part = part + p
+    return part
+
+
+@cute.jit
+def _row_scale(i, row_max, scale_log2, new_max, moved, neg_shift, is_first, lazy_max):
+    """Row i's O factor exp2((old max - new max) * scale_log2), read before row_max[i] is
+    updated: 1 on the first block, and with lazy_max when the max stayed."""
+    scale = Float32(1.0)
+    if cutlass.const_expr(not is_first):
+        scale = cute.math.exp2(row_max[i] * scale_log2 + neg_shift, fastmath=True)
+        if cutlass.const_expr(lazy_max):
+            scale = scale if moved else Float32(1.0)
+    return scale
+
+
+@cute.jit
 def softmax_step(
     acc_S: cute.Tensor,
     row_max: cute.Tensor,
@@ -67,36 +111,52 @@ def softmax_step(
     LAZY_MAX_MARGIN_LOG2 (else row_scale is exactly 1 and P, row sums stay <= 2^margin), so
     most blocks leave O alone (rescale_needed)."""
     sS = acc_rows_view(acc_S)
-    ncol = cute.size(sS, mode=[1])
     for i in cutlass.range_constexpr(cute.size(row_max)):
-        blk_max = sS[i, 0]
-        for j in cutlass.range_constexpr(1, ncol):
-            blk_max = cute.arch.fmax(blk_max, sS[i, j])
-        blk_max = quad_allreduce(blk_max, True)
-        prev_max = row_max[i]
-        new_max = cute.arch.fmax(prev_max, blk_max)
-        if cutlass.const_expr(lazy_max and not is_first):
-            # -inf -> finite grows by +inf (moves); -inf -> -inf is NaN (stays -inf).
-            moved = (new_max - prev_max) * scale_log2 > Float32(LAZY_MAX_MARGIN_LOG2)
-            new_max = new_max if moved else prev_max
-        # A row that has seen only masked keys keeps max -inf: shift by 0 so exp2 gives 0.
-        safe_max = new_max if new_max != -Float32.inf else Float32(0.0)
-        neg_shift = -safe_max * scale_log2
-        part = Float32(0.0)
-        for j in cutlass.range_constexpr(ncol):
-            p = cute.math.exp2(sS[i, j] * scale_log2 + neg_shift, fastmath=True)
-            sS[i, j] = p
-            part = part + p
+        new_max, moved, neg_shift = _row_new_max(sS, i, row_max, scale_log2, is_first, lazy_max)
+        part = _row_exps(sS, i, scale_log2, neg_shift)
+        scale = _row_scale(i, row_max, scale_log2, new_max, moved, neg_shift, is_first, lazy_max)
+        row_scale[i] = scale
         if cutlass.const_expr(is_first):
-            row_scale[i] = Float32(1.0)
             row_sum[i] = part
         else:
-            scale = cute.math.exp2(prev_max * scale_log2 + neg_shift, fastmath=True)
-            if cutlass.const_expr(lazy_max):
-                scale = scale if moved else Float32(1.0)
-            row_scale[i] = scale
             row_sum[i] = row_sum[i] * scale + part
         row_max[i] = new_max
+
+
+@cute.jit
+def softmax_head(
+    acc_S: cute.Tensor,
+    row_max: cute.Tensor,
+    row_sum: cute.Tensor,
+    row_scale: cute.Tensor,
+    neg_shift: cute.Tensor,
+    scale_log2: Float32,
+    lazy_max: cutlass.Constexpr[bool],
+):
+    """`pv_wait_mid`, a block after the first, the part before the P V wait: every row's
+    new max, O factor (row_scale) and exp2 shift (kept in neg_shift for softmax_rest), then
+    the first row's exponentials. softmax_head + softmax_rest = softmax_step(is_first=False)."""
+    sS = acc_rows_view(acc_S)
+    for i in cutlass.range_constexpr(cute.size(row_max)):
+        new_max, moved, shift = _row_new_max(sS, i, row_max, scale_log2, False, lazy_max)
+        row_scale[i] = _row_scale(i, row_max, scale_log2, new_max, moved, shift, False, lazy_max)
+        neg_shift[i] = shift
+        row_max[i] = new_max
+    row_sum[0] = row_sum[0] * row_scale[0] + _row_exps(sS, 0, scale_log2, neg_shift[0])
+
+
+@cute.jit
+def softmax_rest(
+    acc_S: cute.Tensor,
+    row_sum: cute.Tensor,
+    row_scale: cute.Tensor,
+    neg_shift: cute.Tensor,
+    scale_log2: Float32,
+):
+    """`pv_wait_mid`: the exponentials of every row but the first (after the P V wait)."""
+    sS = acc_rows_view(acc_S)
+    for i in cutlass.range_constexpr(1, cute.size(row_sum)):
+        row_sum[i] = row_sum[i] * row_scale[i] + _row_exps(sS, i, scale_log2, neg_shift[i])
 
 
 @cute.jit

@@ -71,6 +71,13 @@ ALL_CONFIGS = tuple(
         "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+v_warp+page_prefetch+wide_box",
         "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+smem_epilogue+wide_box",
         "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+mma_wgs=3+wide_box",
+        # the P V wait after the first row's exponentials, O's rescale in the next turn
+        # (session 14)
+        "overlap+pingpong+softmax_per_arm+pv_wait_mid",
+        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+v_warp+pv_wait_mid",
+        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+v_warp+page_prefetch+wide_box+pv_wait_mid",
+        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+smem_epilogue+pv_wait_mid",
+        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+mma_wgs=3+pv_wait_mid",
     )
 )
 
