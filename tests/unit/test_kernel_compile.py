@@ -289,9 +289,11 @@ def test_serving_configs_by_head_dim_page_size_and_batch():
     assert serving_configs(p128_windowed).all == (PERSISTENT_OVERLAP_QPF,)
     assert dataclasses.replace(PERSISTENT_OVERLAP_QPF, mma_wgs=3) == PERSISTENT_OVERLAP_QPF_3WG
     assert dataclasses.replace(PERSISTENT_OVERLAP_QWORK, mma_wgs=3) == PERSISTENT_OVERLAP_QWORK_3WG
-    for page in (16, 64, 128):  # head dim 64: three warpgroups, every batch
-        configs = serving_configs(KernelKey("bfloat16", 64, page, 8))
-        assert configs.all == (lazy(PERSISTENT_OVERLAP_QWORK_3WG),)
+    for page in (16, 64, 128):  # head dim 64: three warpgroups, every batch; short ones
+        configs = serving_configs(KernelKey("bfloat16", 64, page, 8))  # with pv_wait_mid
+        three = lazy(PERSISTENT_OVERLAP_QWORK_3WG)
+        assert configs.all == (three, dataclasses.replace(three, pv_wait_mid=True))
+        assert configs.pick(100, 10**6) == three
         # gpt-oss's 128-key window: lazy_max has nothing to skip there (0 to -1.8 %)
         windowed = serving_configs(KernelKey("bfloat16", 64, page, 8, sliding_window=True))
         assert windowed.all == (PERSISTENT_OVERLAP_QPF_3WG,)

@@ -295,11 +295,15 @@ def test_plan_uses_sections_and_picks_the_config_per_batch():
         PERSISTENT_OVERLAP, lazy_max=True
     )
     assert _plan([(512, 512)] * 8, d=256, page=16).config == PERSISTENT_OVERLAP
-    # head dim 64: three warpgroups (192-row tiles) for every batch and page
-    for specs, page in (([(16384, 16384)], 128), ([(512, 512)] * 8, 16)):
+    # head dim 64: three warpgroups (192-row tiles) for every batch and page, short batches
+    # with pv_wait_mid
+    three = dataclasses.replace(PERSISTENT_OVERLAP_QWORK_3WG, lazy_max=True)
+    for specs, page, config in (
+        ([(16384, 16384)], 128, three),
+        ([(512, 512)] * 8, 16, dataclasses.replace(three, pv_wait_mid=True)),
+    ):
         plan = _plan(specs, d=64, page=page)
-        three = dataclasses.replace(PERSISTENT_OVERLAP_QWORK_3WG, lazy_max=True)
-        assert plan.config == three and plan.geometry.tile_m == 192
+        assert plan.config == config and plan.geometry.tile_m == 192
     # below page 128, head dim 128: the same split, long batches with the page table read a
     # block ahead and one TMA box per page for all of D
     pages_ahead = dataclasses.replace(

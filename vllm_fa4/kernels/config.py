@@ -391,8 +391,8 @@ PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD_WIDE = replace(
 # Every head-dim-128 pick above (long and short, no window) with the P V wait after the first
 # row's exponentials and O's rescale in the next block's turn (session 14, H100, 8 rounds:
 # page-16 4k+ 1.051 -> 1.111 of FA3, page-128 long 1.005 -> 1.043, short 1.110 -> 1.139;
-# 70B at TP 8 likewise). Head dim 64's three warpgroups measured -1.3 % to +1.4 % with it
-# (long page-128 batches lose) and keep their pick.
+# 70B at TP 8 likewise). Head dim 64's three warpgroups: short batches only (two H100 runs:
+# short +1.5 % and +1.9 %, long page-128 batches -1.3 % and -1.6 %).
 def with_pv_wait_mid(config: KernelConfig) -> KernelConfig:
     return replace(config, pv_wait_mid=True)
 
@@ -448,7 +448,8 @@ def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> Servin
     the measured per-head-dim and per-page-size defaults (docs/perf-notes.md, sessions 3-14):
 
     head dim 64    three consumer warpgroups, every batch: PERSISTENT_OVERLAP_QWORK_3WG +
-                   lazy_max (sliding window: PERSISTENT_OVERLAP_QPF_3WG)
+                   lazy_max, short batches with pv_wait_mid (sliding window:
+                   PERSISTENT_OVERLAP_QPF_3WG)
     head dim 128   long batches PERSISTENT_OVERLAP_QWORK + lazy_max with the V loads on a
                    second producer warp, below page 128 with the page table read a block
                    ahead and whole-row K/V boxes (PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD_WIDE),
@@ -463,9 +464,11 @@ def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> Servin
         return ServingConfigs(long=fixed, short=fixed)
     if key.head_dim in THREE_WG_HEAD_DIMS:
         # q_tma not measured with a window (gpt-oss's windowed layers keep q_prefetch)
-        three = PERSISTENT_OVERLAP_QPF_3WG if key.sliding_window else PERSISTENT_OVERLAP_QWORK_3WG
-        both = with_lazy_max(three, key)
-        return ServingConfigs(long=both, short=both)
+        if key.sliding_window:
+            three = with_lazy_max(PERSISTENT_OVERLAP_QPF_3WG, key)
+            return ServingConfigs(long=three, short=three)
+        three = with_lazy_max(PERSISTENT_OVERLAP_QWORK_3WG, key)
+        return ServingConfigs(long=three, short=with_pv_wait_mid(three))
     long_page = key.page_size >= LONG_BATCH_MIN_PAGE
     if key.head_dim in QPF_HEAD_DIMS:
         if key.sliding_window:  # the session-4 picks (lazy_max, q_tma not measured there)
