@@ -48,7 +48,7 @@ Compile-time variants (KernelConfig):
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import cutlass
 import cutlass.cute as cute
@@ -148,6 +148,19 @@ class KvSource:
     gmem: cute.Tensor
     policy: Optional[cutlass.Int64]  # L2 hint (`kv_evict_last`) or None
     boxes_per_block: Optional[Int32]  # `wide_box`: slot boxes per cache block, else None
+
+
+class SoftmaxArgs(NamedTuple):
+    """What every block's softmax takes besides S (softmax_block's arguments, in order)."""
+
+    tScS: cute.Tensor  # S's (row, column) coordinates, for the mask
+    work: object  # the tile's TileWork
+    diag: Int32  # k_len - q_len: the causal diagonal's key offset
+    row_max: cute.Tensor
+    row_sum: cute.Tensor
+    row_scale: cute.Tensor  # the block's O factors
+    scale_log2: Float32
+    feats: tuple  # (window_left, softcap_prescale)
 
 
 @dataclass
@@ -1062,7 +1075,9 @@ class Sm90PagedPrefill:
         feats = (window_left, softcap_prescale)
         # What every block after the first passes to softmax_block (its loops differ only in
         # how they issue the GEMMs).
-        softmax_args = (g.tScS, work, diag, row_max, row_sum, row_scale, scale_log2, feats)
+        softmax_args = SoftmaxArgs(
+            g.tScS, work, diag, row_max, row_sum, row_scale, scale_log2, feats
+        )
 
         pp = self.cfg.pingpong
         if n_count > 0:
@@ -1294,7 +1309,7 @@ class Sm90PagedPrefill:
     def overlap_step(self, g, tSrQ, n_block, state, state_v, softmax_args, pipe_k, pipe_v, wg):
         """One block of the overlapped loop: S_j = Q K_j^T and O += P_{j+1} V_{j+1} in one
         turn, the softmax of S_j under the P V. Returns the advanced (state, state_v)."""
-        row_scale = softmax_args[5]
+        row_scale = softmax_args.row_scale
         self.wait_turn_stage(pipe_k, state, wg)
         acc_S = self.new_acc_S(g)
         turn_wait(self.turns, wg)
@@ -1305,24 +1320,22 @@ class Sm90PagedPrefill:
         turn_pass(self.turns, wg)
         warpgroup.wait_group(1)  # S_j done; P_{j+1} V_{j+1} may still run
         pipe_k.consumer_release(state)
+        neg_shift = None
         if cutlass.const_expr(self.cfg.pv_wait_mid):
             neg_shift = cute.make_rmem_tensor(cute.size(row_scale), Float32)
-            self.softmax_block(acc_S, n_block, *softmax_args, neg_shift=neg_shift)
-        else:
-            self.softmax_block(acc_S, n_block, *softmax_args)
+        self.softmax_block(acc_S, n_block, *softmax_args, neg_shift=neg_shift)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(state_v)
         if cutlass.const_expr(self.cfg.pv_wait_mid):
             # O's rescale waits for the next block's turn (above, or last_pv): its branch
             # here would split the other rows' exponentials from P's packing, which ptxas
             # then cannot interleave.
-            _, _, _, _, row_sum, _, scale_log2, _ = softmax_args
-            softmax_rest(acc_S, row_sum, row_scale, neg_shift, scale_log2)
-            g.tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
-            computed_here(g.tOrP)
+            softmax_rest(acc_S, softmax_args.row_sum, row_scale, neg_shift, softmax_args.scale_log2)
         else:
             self.rescale_o(g.acc_O, row_scale)
-            g.tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+        g.tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+        if cutlass.const_expr(self.cfg.pv_wait_mid):
+            computed_here(g.tOrP)
         state.advance()
         state_v.advance()
         self.wait_turn_stage(pipe_v, state_v, wg)

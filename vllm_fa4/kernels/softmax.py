@@ -81,7 +81,7 @@ def _row_exps(sS, i, scale_log2, neg_shift) -> Float32:
 
 
 @cute.jit
-def _row_scale(i, row_max, scale_log2, new_max, moved, neg_shift, is_first, lazy_max):
+def _row_scale(i, row_max, scale_log2, moved, neg_shift, is_first, lazy_max):
     """Row i's O factor exp2((old max - new max) * scale_log2), read before row_max[i] is
     updated: 1 on the first block, and with lazy_max when the max stayed."""
     scale = Float32(1.0)
@@ -114,7 +114,7 @@ def softmax_step(
     for i in cutlass.range_constexpr(cute.size(row_max)):
         new_max, moved, neg_shift = _row_new_max(sS, i, row_max, scale_log2, is_first, lazy_max)
         part = _row_exps(sS, i, scale_log2, neg_shift)
-        scale = _row_scale(i, row_max, scale_log2, new_max, moved, neg_shift, is_first, lazy_max)
+        scale = _row_scale(i, row_max, scale_log2, moved, neg_shift, is_first, lazy_max)
         row_scale[i] = scale
         if cutlass.const_expr(is_first):
             row_sum[i] = part
@@ -139,7 +139,7 @@ def softmax_head(
     sS = acc_rows_view(acc_S)
     for i in cutlass.range_constexpr(cute.size(row_max)):
         new_max, moved, shift = _row_new_max(sS, i, row_max, scale_log2, False, lazy_max)
-        row_scale[i] = _row_scale(i, row_max, scale_log2, new_max, moved, shift, False, lazy_max)
+        row_scale[i] = _row_scale(i, row_max, scale_log2, moved, shift, False, lazy_max)
         neg_shift[i] = shift
         row_max[i] = new_max
     row_sum[0] = row_sum[0] * row_scale[0] + _row_exps(sS, 0, scale_log2, neg_shift[0])
