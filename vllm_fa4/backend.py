@@ -96,8 +96,14 @@ class FA4AttentionBackend(AttentionBackend):
         if layout != "NHD":
             reasons.append(_reason(f"KV cache layout {layout} (only NHD)"))
         given = inspect.signature(super().validate_configuration).bind(*args, **kwargs)
+        dtype, kv_cache_dtype = given.arguments["dtype"], given.arguments["kv_cache_dtype"]
+        if kv_cache_dtype in ("float16", "bfloat16") and kv_cache_dtype != dtype_name(dtype):
+            reasons.append(
+                _reason(f"kv_cache_dtype {kv_cache_dtype} with model dtype {dtype_name(dtype)}")
+                + " (or --kv-cache-dtype auto)"
+            )
         return reasons + _environment_reasons(
-            given.arguments["head_size"], given.arguments["dtype"], given.arguments["block_size"]
+            given.arguments["head_size"], dtype, given.arguments["block_size"]
         )
 
 

@@ -49,6 +49,10 @@ def test_name_matches_enum_member():
 @pytest.mark.parametrize("block_size", [16, 32, 64, 128, 256])
 def test_supported_configurations_pass(head_size, dtype, block_size):
     assert reasons(head_size=head_size, dtype=dtype, block_size=block_size) == []
+    same = str(dtype).removeprefix("torch.")  # a cache dtype spelled as the model's
+    assert (
+        reasons(head_size=head_size, dtype=dtype, block_size=block_size, kv_cache_dtype=same) == []
+    )
 
 
 @pytest.mark.parametrize(
@@ -66,6 +70,8 @@ def test_supported_configurations_pass(head_size, dtype, block_size):
         (dict(use_mla=True), "MLA"),
         (dict(use_mm_prefix=True), "multimodal"),
         (dict(use_batch_invariant=True), "batch invariance"),
+        (dict(kv_cache_dtype="float16"), "kv_cache_dtype float16 with model dtype bfloat16"),
+        (dict(dtype=torch.float16, kv_cache_dtype="bfloat16"), "with model dtype float16"),
     ],
 )
 def test_rejections_name_the_feature_and_the_alternative(changes, words):
