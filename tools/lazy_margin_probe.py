@@ -146,10 +146,8 @@ def timing(margins, rounds):
             plan = c.plan()
             out = c.new_out()
             cfg = plan.config
-            for label, bcfg, m, rounded in builds_for(cfg, margins):
-                if rounded:
-                    continue
-                fn = build(key, bcfg, m, rounded)
+            for label, _, m, rounded in builds_for(cfg, margins)[: len(margins) + 1]:
+                fn = build(key, cfg, m, rounded)
                 fns[label] = lambda fn=fn, c=c, plan=plan, out=out: launch(fn, c, plan, out)
             times = {n: [] for n in fns}
             names = list(fns)
@@ -171,13 +169,11 @@ def main():
     ap.add_argument("--margins", default="8,0")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--time", action="store_true")
-    ap.add_argument("--no-accuracy", action="store_true")
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     margins = [float(m) for m in args.margins.split(",")]
     print(f"device={torch.cuda.get_device_name()}")
-    if not args.no_accuracy:
-        accuracy(margins, args.seeds)
+    accuracy(margins, args.seeds)
     if args.time:
         timing(margins, args.rounds)
 
