@@ -39,22 +39,21 @@ CASES = {
 _BUILDS: dict = {}
 
 
-def build(key, config, margin, rounded=False):
+def build(key, config, margin):
     """Compile ``config`` for ``key`` with the given lazy-max margin (outside the disk cache:
     the margin is not part of its key; memoized here)."""
     from vllm_fa4.kernels.compile import compile_kernel
 
-    if (key, config, margin, rounded) in _BUILDS:
-        return _BUILDS[key, config, margin, rounded]
+    if (key, config, margin) in _BUILDS:
+        return _BUILDS[key, config, margin]
 
-    old = softmax.LAZY_MAX_MARGIN_LOG2, softmax.ROUNDED_ROW_SUMS
-    softmax.LAZY_MAX_MARGIN_LOG2, softmax.ROUNDED_ROW_SUMS = float(margin), rounded
+    old = softmax.LAZY_MAX_MARGIN_LOG2
+    softmax.LAZY_MAX_MARGIN_LOG2 = float(margin)
     try:
-        fn = compile_kernel(key, config, has_lse=False)
-        _BUILDS[key, config, margin, rounded] = fn
+        fn = _BUILDS[key, config, margin] = compile_kernel(key, config, has_lse=False)
         return fn
     finally:
-        softmax.LAZY_MAX_MARGIN_LOG2, softmax.ROUNDED_ROW_SUMS = old
+        softmax.LAZY_MAX_MARGIN_LOG2 = old
 
 
 def launch(fn, case, plan, out):
@@ -83,12 +82,10 @@ def launch(fn, case, plan, out):
 
 
 def builds_for(config, margins):
-    """(label, config, margin, rounded row sums): the batch's serving pick at each margin, at
-    the first margin with row sums of the rounded P, and without lazy_max."""
-    out = [(f"m{m:g}", config, m, False) for m in margins]
-    out.append((f"m{margins[0]:g}+rounded", config, margins[0], True))
+    """(label, config, margin): the batch's serving pick at each margin, and without lazy_max."""
+    out = [(f"m{m:g}", config, m) for m in margins]
     if config.lazy_max:
-        out.append(("no-lazy", dataclasses.replace(config, lazy_max=False), 0.0, False))
+        out.append(("no-lazy", dataclasses.replace(config, lazy_max=False), 0.0))
     return out
 
 
@@ -113,8 +110,8 @@ def accuracy(margins, seeds):
             fa3 = c.fa3(c.new_out(), k_cache=kv0[..., :hd], v_cache=kv0[..., hd:])
             cases.append((c, ref, float((fa3.double() - ref).abs().max())))
         key, pick = cases[0][0].key, cases[0][0].plan().config
-        for label, cfg, m, rounded in builds_for(pick, margins):
-            fn = build(key, cfg, m, rounded)
+        for label, cfg, m in builds_for(pick, margins):
+            fn = build(key, cfg, m)
             worst = (0.0, 0.0, 0.0)
             for c, ref, fa3_err in cases:
                 plan = c.plan(cfg)
@@ -146,9 +143,9 @@ def timing(margins, rounds):
             plan = c.plan()
             out = c.new_out()
             cfg = plan.config
-            for label, _, m, rounded in builds_for(cfg, margins)[: len(margins) + 1]:
-                fn = build(key, cfg, m, rounded)
-                fns[label] = lambda fn=fn, c=c, plan=plan, out=out: launch(fn, c, plan, out)
+            for m in margins:
+                fn = build(key, cfg, m)
+                fns[f"m{m}"] = lambda fn=fn, c=c, plan=plan, out=out: launch(fn, c, plan, out)
             times = {n: [] for n in fns}
             names = list(fns)
             for r in range(rounds):

@@ -81,7 +81,6 @@ from vllm_fa4.kernels.softmax import (
     LOG2_E,
     acc_as_operand_a,
     acc_rows_view,
-    add_rounded_row_sums,
     apply_softcap,
     rescale_needed,
     scale_rows,
@@ -1097,7 +1096,6 @@ class Sm90PagedPrefill:
                     self.softmax_block(acc_S, n_block, *softmax_args)
                     self.rescale_o(acc_O, row_scale)
                     tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
-                    add_rounded_row_sums(acc_S, tOrP, row_sum, row_scale, False)
                     pipe_v.consumer_wait(state)
                     _wgmma(
                         tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False, 0
@@ -1126,7 +1124,6 @@ class Sm90PagedPrefill:
                     self.softmax_block(acc_S, n_block, *softmax_args)
                     self.rescale_o(acc_O, row_scale)
                     tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
-                    add_rounded_row_sums(acc_S, tOrP, row_sum, row_scale, False)
                     state.advance()
                     state_v.advance()
                     self.wait_turn_stage(pipe_v, state_v, wg)
@@ -1261,7 +1258,6 @@ class Sm90PagedPrefill:
         pipe_k.consumer_release(state)
         self.first_softmax(acc_S, n_block, softmax_args)
         g.tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
-        add_rounded_row_sums(acc_S, g.tOrP, softmax_args.row_sum, softmax_args.row_scale, True)
         self.wait_first_v(sV, work, n_block, state, pipe_v, tidx, wg)
 
     @cute.jit
@@ -1340,7 +1336,6 @@ class Sm90PagedPrefill:
         g.tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
         if cutlass.const_expr(self.cfg.pv_wait_mid):
             computed_here(g.tOrP)
-        add_rounded_row_sums(acc_S, g.tOrP, softmax_args.row_sum, row_scale, False)
         state.advance()
         state_v.advance()
         self.wait_turn_stage(pipe_v, state_v, wg)

@@ -11,9 +11,6 @@ LN_2 = math.log(2.0)
 # lazy_max: how far (in exp2 units) a block may exceed a row's running max before the max
 # moves; P <= 2^8 stays exact in bf16/fp16 and row sums of 10^6 keys stay far from overflow.
 LAZY_MAX_MARGIN_LOG2 = 8.0
-# Row sums of P as P V reads it (rounded to 16 bits), not of the fp32 P: numerator and
-# denominator then see the same values. Experiment (issue 27), read at trace time.
-ROUNDED_ROW_SUMS = False
 
 
 def acc_rows_view(acc: cute.Tensor) -> cute.Tensor:
@@ -119,11 +116,10 @@ def softmax_step(
         part = _row_exps(sS, i, scale_log2, neg_shift)
         scale = _row_scale(i, row_max, scale_log2, moved, neg_shift, is_first, lazy_max)
         row_scale[i] = scale
-        if cutlass.const_expr(not ROUNDED_ROW_SUMS):
-            if cutlass.const_expr(is_first):
-                row_sum[i] = part
-            else:
-                row_sum[i] = row_sum[i] * scale + part
+        if cutlass.const_expr(is_first):
+            row_sum[i] = part
+        else:
+            row_sum[i] = row_sum[i] * scale + part
         row_max[i] = new_max
 
 
@@ -146,9 +142,7 @@ def softmax_head(
         row_scale[i] = _row_scale(i, row_max, scale_log2, moved, shift, False, lazy_max)
         neg_shift[i] = shift
         row_max[i] = new_max
-    part = _row_exps(sS, 0, scale_log2, neg_shift[0])
-    if cutlass.const_expr(not ROUNDED_ROW_SUMS):
-        row_sum[0] = row_sum[0] * row_scale[0] + part
+    row_sum[0] = row_sum[0] * row_scale[0] + _row_exps(sS, 0, scale_log2, neg_shift[0])
 
 
 @cute.jit
@@ -162,32 +156,7 @@ def softmax_rest(
     """`pv_wait_mid`: the exponentials of every row but the first (after the P V wait)."""
     sS = acc_rows_view(acc_S)
     for i in cutlass.range_constexpr(1, cute.size(row_sum)):
-        part = _row_exps(sS, i, scale_log2, neg_shift[i])
-        if cutlass.const_expr(not ROUNDED_ROW_SUMS):
-            row_sum[i] = row_sum[i] * row_scale[i] + part
-
-
-@cute.jit
-def add_rounded_row_sums(
-    acc_S: cute.Tensor,
-    tOrP: cute.Tensor,
-    row_sum: cute.Tensor,
-    row_scale: cute.Tensor,
-    is_first: cutlass.Constexpr[bool],
-):
-    """ROUNDED_ROW_SUMS: the block's row sums from P as packed for P V (tOrP, 16-bit),
-    widened back into acc_S's registers (dead after the packing)."""
-    if cutlass.const_expr(ROUNDED_ROW_SUMS):
-        acc_as_operand_a(acc_S).store(tOrP.load().to(Float32))
-        sS = acc_rows_view(acc_S)
-        for i in cutlass.range_constexpr(cute.size(row_sum)):
-            part = sS[i, 0]
-            for j in cutlass.range_constexpr(1, cute.size(sS, mode=[1])):
-                part = part + sS[i, j]
-            if cutlass.const_expr(is_first):
-                row_sum[i] = part
-            else:
-                row_sum[i] = row_sum[i] * row_scale[i] + part
+        row_sum[i] = row_sum[i] * row_scale[i] + _row_exps(sS, i, scale_log2, neg_shift[i])
 
 
 @cute.jit
