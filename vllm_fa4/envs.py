@@ -4,7 +4,8 @@ VLLM_FA4_VARIANT        kernel config spec (``KernelConfig.parse``), read by the
                         builder at startup; unset: each key's ``serving_configs``
 VLLM_FA4_PREFILL_ROUTE  ``auto`` / ``kernel`` / ``reference`` (``paged_prefill.route``)
 VLLM_FA4_CACHE_DIR      compiled-kernel disk cache (``kernels.cache``; default
-                        ``~/.cache/vllm_fa4/kernels``)
+                        ``~/.cache/vllm_fa4/kernels``); must be a directory only this user
+                        (or root) can write, else kernels are compiled in memory
 VLLM_FA4_TEST_VARIANTS  config specs, or ``all``, that GPU tests and variant benchmarks sweep
                         (``testing.variants``)
 VLLM_FA4_FUZZ_COUNT     batches per kernel config in the fuzz suite (``tests/gpu/test_fuzz.py``,
