@@ -642,3 +642,27 @@ def test_two_processes_same_key_compile_once_both_served(cache_dir, tmp_path):
         ("rank1" if compiled_by == "rank0" else "rank0", "loaded"),
     }
     assert all(" ".join(rest) == payload for _, _, *rest in served)
+
+
+# ---- cutlass's own file cache ------------------------------------------------------------
+
+
+def test_cutlass_ir_cache_is_kept_out_of_tmp(tmp_path):
+    """Importing the kernels points CuTe-DSL's IR file cache into our private directory, so
+    cutlass no longer creates $TMPDIR/$USER/cutlass_python_cache (unchecked, plantable)."""
+    tmpdir, cache = tmp_path / "tmp", tmp_path / "kernels"
+    tmpdir.mkdir()
+    env = subprocess_env(
+        drop=("CUTE_DSL_CACHE_DIR",), TMPDIR=str(tmpdir), **{envs.CACHE_DIR: str(cache)}
+    )
+    script = (
+        "import vllm_fa4.kernels.compile\n"
+        "from cutlass.base_dsl.cache_helpers import get_default_generated_ir_path as p\n"
+        "print(p())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == [str(cache / "cute_dsl")]
+    assert list(tmpdir.iterdir()) == []
