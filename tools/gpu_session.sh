@@ -16,7 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu-check}"; mkdir -p "$OUT"
 export PYTHONPATH="/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1 VLLM_FA4_CACHE_DIR="${VLLM_FA4_CACHE_DIR:-/tmp/vllm_fa4_cache}"
+export PYTHONUNBUFFERED=1 VLLM_FA4_CACHE_DIR="${VLLM_FA4_CACHE_DIR:-$HOME/.cache/vllm_fa4/kernels}"
 PY=python3
 VLLM="$PY -m vllm.entrypoints.cli.main"
 MODEL=configs/llama-3.1-8b

@@ -15,7 +15,7 @@ from vllm_fa4 import envs
 from vllm_fa4.kernels.config import DEFAULT_CONFIG, KernelConfig, KernelKey, check_features
 from vllm_fa4.kernels.launch import LaunchArgs
 
-envs.default_cute_dsl_arch()
+envs.default_cute_dsl_env()
 
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
