@@ -207,9 +207,9 @@ class KernelConfig:
     # With pingpong: inside the block loops only the first consumer warpgroup polls the K/V
     # "full" mbarriers; the second is ordered behind it by the turn barrier (FA3's scheme).
     single_poller: bool = False
-    # FA4's conditional rescaling: a row's running max moves only when a block raises it by
-    # more than 2^8 (exp2 units), so after the first blocks O is rescaled only by warps where
-    # some row moved (a warp vote), not on every block.
+    # Conditional rescaling: O is rescaled only by warps where some row's max moved (a warp
+    # vote), not on every block. The max moves whenever a block raises it (margin 0: FA3's
+    # numerics; FA4's 2^8 margin widened the error tail, softmax.LAZY_MAX_MARGIN_LOG2).
     lazy_max: bool = False
     # Test-only instrumentation: a consumer thread adds 1 to its tile's cost column of
     # work_tiles after the tile's epilogue, so a test can check each tile ran exactly once.
