@@ -84,7 +84,9 @@ def _key(shape: fuzz.Shape) -> KernelKey:
 
 
 def _make_case(b: fuzz.Batch, specs):
-    """The batch's paged case: its shape, features, cache layout and block table."""
+    """The batch's paged case: its shape, features, cache layout and block table (junk ids
+    past the cache at the prefill level only: at the backend level FA3 reads the table for
+    FA4's decode rows, and vLLM's stale entries are in range)."""
     from vllm_fa4.testing.cases import make_paged_case
 
     s = b.shape
@@ -105,6 +107,7 @@ def _make_case(b: fuzz.Batch, specs):
         layer=b.layer,
         table_slack=b.table_slack,
         junk_table=b.junk_table,
+        junk_past_cache=b.level == "prefill",
     )
 
 
@@ -264,8 +267,9 @@ def _fa3_refused(e: Exception) -> bool:
 
 def _fa3(q, k_cache, v_cache, case):
     """FA3 on the case, or None where it refuses the inputs (the absolute bound alone then)."""
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     try:
-        return case.fa3(torch.empty(q.shape, dtype=q.dtype, device=q.device), q, k_cache, v_cache)
+        return case.fa3(out, q, k_cache, v_cache, page_table=case.table_within_cache())
     except Exception as e:  # noqa: BLE001 - FA3's own refusal is not ours
         if _fa3_refused(e):
             return None

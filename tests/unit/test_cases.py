@@ -241,3 +241,13 @@ def test_table_slack_and_junk_entries():
     assert torch.equal(junk.reference()[0], plain.reference()[0])
     with_sinks = _case(junk_table=True, sinks=True)
     assert torch.equal(with_sinks.sinks, _case(sinks=True).sinks)
+    # for FA3: the ids past the cache become the null block, the rest stays
+    within = junk.table_within_cache()
+    assert torch.equal(within[used], plain.block_table[used])
+    unused = within[~used]
+    assert bool((within < junk.num_blocks).all()) and torch.equal(unused[~past], entries[~past])
+    assert torch.equal(unused[past], torch.zeros_like(entries[past]))
+    # vLLM's stale entries are in range: without junk_past_cache, NaN blocks only
+    in_range = _case(junk_table=True, junk_past_cache=False)
+    assert bool((in_range.block_table < in_range.num_blocks).all())
+    assert not torch.equal(in_range.block_table, plain.block_table)

@@ -31,7 +31,7 @@ def harness():
     return module
 
 
-def _fa3_stand_in(self, out, q=None, k_cache=None, v_cache=None):
+def _fa3_stand_in(self, out, q=None, k_cache=None, v_cache=None, page_table=None):
     """PagedCase.fa3 on the CPU: the same math in the case's dtype, from the views given."""
     ref, _ = paged_attention_reference(
         self.q if q is None else q,
@@ -39,7 +39,7 @@ def _fa3_stand_in(self, out, q=None, k_cache=None, v_cache=None):
         self.v_cache if v_cache is None else v_cache,
         self.cu_seqlens_q,
         self.seqused_k,
-        self.page_table,
+        self.page_table if page_table is None else page_table,
         self.softmax_scale,
         compute_dtype=self.dtype,
         **self.features,

@@ -172,9 +172,20 @@ class PagedCase:
             **{"window_left": self.window_left, **options},
         )
 
-    def fa3(self, out: torch.Tensor, q=None, k_cache=None, v_cache=None) -> torch.Tensor:
-        """vLLM's FA3 (the baseline of every ratio) on this case into ``out``; ``q`` and the
-        cache views override the case's own (e.g. a cache copy with the NaN slots zeroed).
+    def table_within_cache(self) -> torch.Tensor:
+        """The block table with ids past the cache (``junk_table``) replaced by the null block:
+        what vLLM's stale entries can hold, for FA3 (whose unused entries it must not read
+        either, but a wild id would fault the whole run rather than fail one batch)."""
+        return torch.where(
+            self.page_table >= self.num_blocks, torch.zeros_like(self.page_table), self.page_table
+        )
+
+    def fa3(
+        self, out: torch.Tensor, q=None, k_cache=None, v_cache=None, page_table=None
+    ) -> torch.Tensor:
+        """vLLM's FA3 (the baseline of every ratio) on this case into ``out``; ``q``, the
+        cache views and the block table override the case's own (e.g. a cache copy with the NaN
+        slots zeroed).
 
         The case's features map to FA3's arguments: ``window_size=[window_left, 0]`` (right 0:
         causal; None is FA3's ``[-1, -1]``, unlimited), ``softcap`` (0.0 = off) and
@@ -199,7 +210,7 @@ class PagedCase:
             seqused_k=self.seqused_k,
             softmax_scale=self.softmax_scale,
             causal=True,
-            block_table=self.page_table,
+            block_table=self.page_table if page_table is None else page_table,
             fa_version=3,
             out=out,
             **features,
@@ -259,6 +270,7 @@ def make_paged_case(
     layer: int = 0,
     table_slack: int = TABLE_SLACK,
     junk_table: bool = False,
+    junk_past_cache: bool = True,
 ) -> PagedCase:
     """Build a paged prefill case.
 
@@ -278,8 +290,9 @@ def make_paged_case(
         table_slack: block-table columns beyond the longest request's pages (0: exactly as
             wide as needed).
         junk_table: unused block-table entries hold, instead of the null block, ids of NaN
-            blocks (spare ones or block 0) and ids past the end of the cache (up to 2^31-1),
-            drawn after everything else (the other tensors do not move).
+            blocks (spare ones or block 0) and, with ``junk_past_cache``, ids past the end of
+            the cache (up to 2^31-1; vLLM's stale entries are in range), drawn after
+            everything else (the other tensors do not move).
     """
     if window_left is not None and window_left < 0:
         raise ValueError(f"window_left must be >= 0, got {window_left}")
@@ -355,7 +368,7 @@ def make_paged_case(
         sink_logits = torch.rand(num_q_heads, generator=gen_cpu) * 6 - 2
         sink_logits = sink_logits.to(torch.bfloat16).float().to(device)
     if junk_table:
-        _fill_junk(block_table_cpu, pages, perm[used_blocks:], num_blocks, gen_cpu)
+        _fill_junk(block_table_cpu, pages, perm[used_blocks:], num_blocks, junk_past_cache, gen_cpu)
     block_table = block_table_cpu.to(device)
 
     return PagedCase(
@@ -414,10 +427,12 @@ def _fill_junk(
     pages: list[int],
     spare: torch.Tensor,
     num_blocks: int,
+    past_cache: bool,
     gen: torch.Generator,
 ) -> None:
-    """Unused entries of ``table`` (in place): half ids of NaN blocks (the spare ones, or the
-    null block 0), half ids past the cache (a read of either shows: NaN, or a fault)."""
+    """Unused entries of ``table`` (in place): ids of NaN blocks (the spare ones, or the null
+    block 0), and with ``past_cache`` half of them ids past the cache (a read of either
+    shows: NaN, or a fault)."""
     for b, n in enumerate(pages):
         width = table.shape[1] - n
         if width <= 0:
@@ -425,5 +440,5 @@ def _fill_junk(
         nan_blocks = torch.cat([torch.zeros(1, dtype=spare.dtype), spare])
         pick = nan_blocks[torch.randint(len(nan_blocks), (width,), generator=gen)]
         past = torch.randint(num_blocks, 2**31 - 1, (width,), generator=gen)
-        use_past = torch.rand(width, generator=gen) < 0.5
+        use_past = (torch.rand(width, generator=gen) < 0.5) & past_cache
         table[b, n:] = torch.where(use_past, past, pick).to(table.dtype)
