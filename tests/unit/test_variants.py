@@ -1,0 +1,68 @@
+"""The exactly-once scheduler test (tests/gpu/test_tile_scheduler.py) runs every config serving
+can pick: testing.variants.served_configs, from a few representative keys, must cover the
+serving picks of every supported key, and the GPU test must list each of them."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+from pathlib import Path
+
+from vllm_fa4.kernels.config import (
+    PERSISTENT_OVERLAP_QWORK_3WG,
+    SUPPORTED_DTYPES,
+    SUPPORTED_HEAD_DIMS,
+    SUPPORTED_PAGE_SIZES,
+    KernelKey,
+    serving_configs,
+    with_lazy_max,
+    with_pv_wait_mid,
+)
+from vllm_fa4.testing.variants import representative_keys, served_configs
+
+SCHEDULER_TEST = Path(__file__).resolve().parents[1] / "gpu" / "test_tile_scheduler.py"
+
+
+def _every_key():
+    for dtype, head_dim, page, group, window, softcap, sinks in itertools.product(
+        SUPPORTED_DTYPES,
+        SUPPORTED_HEAD_DIMS,
+        SUPPORTED_PAGE_SIZES,
+        (1, 2, 4, 8, 16, 32, 64, 128),
+        (False, True),
+        (False, True),
+        (False, True),
+    ):
+        key = KernelKey(dtype, head_dim, page, group, True, window, softcap, sinks)
+        if key.unsupported_reason() is None:
+            yield key
+
+
+def test_served_configs_cover_every_supported_key():
+    served = {(config, key.head_dim) for key, config in served_configs()}
+    missed = {
+        (config.spec, key.head_dim)
+        for key in _every_key()
+        for config in serving_configs(key).all
+        if (config, key.head_dim) not in served
+    }
+    assert not missed, f"serving picks not among testing.variants.served_configs: {missed}"
+    assert all(key in representative_keys() for key, _ in served_configs())
+
+
+def test_served_configs_include_the_defaults_the_hand_list_missed():
+    served = {config for _, config in served_configs()}
+    long_128 = serving_configs(KernelKey("bfloat16", 128, 16, 4)).long
+    assert long_128.wide_box and long_128.pv_wait_mid and long_128 in served
+    hd64 = with_lazy_max(PERSISTENT_OVERLAP_QWORK_3WG, KernelKey("bfloat16", 64, 16, 8))
+    assert hd64 in served and with_pv_wait_mid(hd64) in served
+
+
+def test_scheduler_test_runs_every_served_config():
+    spec = importlib.util.spec_from_file_location("tile_scheduler_test", SCHEDULER_TEST)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    runs = {tuple(p.values) for p in module.RUNS}
+    for key, config in served_configs():
+        window = module.WINDOW_LEFT if key.sliding_window else None
+        assert (key.head_dim, key.page_size, window, config) in runs, config.spec
