@@ -10,16 +10,6 @@ HKV, D, PAGE = 8, 128, 16  # the unit tests' tiny Llama (tests/vllm_configs.py)
 PAGE_BYTES = 2 * PAGE * HKV * D * 2  # K and V, bf16
 
 
-def _needs_startup_layout_check():
-    from vllm_fa4.paged_prefill import layout
-
-    if not hasattr(layout, "kv_layout_unsupported_reason"):
-        pytest.skip(
-            "vllm_fa4.paged_prefill.layout has no kv_layout_unsupported_reason yet: the "
-            "startup layout check of issue 27 is not in this checkout"
-        )
-
-
 def _builder(vllm_config, page_size_padded):
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
@@ -37,7 +27,6 @@ def _builder(vllm_config, page_size_padded):
 
 @pytest.mark.parametrize("pad_bytes", [2, 8, 24, 1000])
 def test_unaligned_padded_page_is_refused_at_startup(vllm_config, pad_bytes):
-    _needs_startup_layout_check()
     padded = PAGE_BYTES + pad_bytes
     with pytest.raises((NotImplementedError, ValueError)) as refused:
         _builder(vllm_config, padded)
@@ -49,5 +38,4 @@ def test_unaligned_padded_page_is_refused_at_startup(vllm_config, pad_bytes):
 
 @pytest.mark.parametrize("pad_bytes", [16, 48, 256, PAGE_BYTES])
 def test_aligned_padded_page_is_served(vllm_config, pad_bytes):
-    _needs_startup_layout_check()
     _builder(vllm_config, PAGE_BYTES + pad_bytes)
