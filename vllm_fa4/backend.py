@@ -19,6 +19,7 @@ from vllm_fa4.compat import (
     FlashAttentionBackend,
     FlashAttentionImpl,
     MultipleOf,
+    current_platform,
     get_kv_cache_layout,
 )
 from vllm_fa4.kernels.config import (
@@ -136,8 +137,6 @@ def _listed(values) -> str:
 def _gpu_reason(capability) -> str:
     """The refusal on a GPU other than SM90: which GPU was found and what to use instead."""
     try:  # the name is a courtesy: the refusal must not depend on NVML answering
-        from vllm.platforms import current_platform
-
         name = current_platform.get_device_name()
     except Exception:
         name = "a GPU"
