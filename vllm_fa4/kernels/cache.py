@@ -86,6 +86,12 @@ class KernelCache:
             fn = self._memory[entry] = self._load_or_compile(entry)
         return fn
 
+    def load_or_compile(self, entry: tuple):
+        """``get`` without keeping the function in this process (a compile check builds
+        a hundred kernels and needs none of them afterwards)."""
+        fn = self._memory.get(entry)
+        return self._load_or_compile(entry) if fn is None else fn
+
     def entry_path(self, entry: tuple) -> Path:
         if self._fingerprint is None:
             self._fingerprint = _source_fingerprint()
