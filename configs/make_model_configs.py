@@ -17,11 +17,14 @@ The Gemma 2 and gpt-oss folders also get a README.md: every value and where it c
 ``tests/unit/test_model_configs.py`` checks that vLLM accepts every folder and that running this
 script reproduces the committed files byte for byte.
 
-    python configs/make_model_configs.py          # rewrites configs/<model>/
+    python configs/make_model_configs.py              # rewrites configs/<model>/
+    python configs/make_model_configs.py --out DIR    # writes DIR/<model>/ instead
+    python configs/make_model_configs.py --help       # says so, writes nothing
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -423,6 +426,21 @@ def write_all(root: Path = HERE) -> list[Path]:
     return folders
 
 
-if __name__ == "__main__":
-    for folder in write_all():
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description="Write the model folders used with --load-format dummy (config.json, a byte "
+        "tokenizer, README.md for Gemma 2 and gpt-oss): " + ", ".join(MODELS) + "."
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=HERE,
+        help="folder to write <model>/ into (default: %(default)s, the committed configs)",
+    )
+    args = parser.parse_args(argv)  # --help and bad arguments exit here, before any write
+    for folder in write_all(args.out):
         print(folder)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,10 +1,16 @@
-"""Test-suite switches: `gpu` tests need an SM90 GPU, `slow` ones run only when asked.
+"""Test-suite switches: `gpu` tests need an SM90 GPU, `slow` ones run only when asked,
+`compile_matrix` ones only when ``-m`` selects them (pyproject's addopts leave them out).
 
 VLLM_FA4_TEST_INSTALLED=1 (set by .ci/run): the suite tests an installed wheel, so a
 ``vllm_fa4`` imported from this checkout is an error; the package's location is printed.
+
+Compiled kernels go to one disk cache per run (``VLLM_FA4_CACHE_DIR``, unless the caller
+set it), shared by the run's pytest-xdist workers, which inherit the environment.
 """
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +22,15 @@ def pytest_report_header(config):
     import vllm_fa4
 
     return f"vllm_fa4 {vllm_fa4.__version__}: {vllm_fa4.__file__}"
+
+
+def pytest_configure(config):
+    if os.environ.get("VLLM_FA4_CACHE_DIR") or hasattr(config, "workerinput"):
+        return  # the caller's cache, or a worker: the controller has set it
+    # Not the user's serving cache (~/.cache/vllm_fa4/kernels): a test run keeps its own.
+    cache_dir = tempfile.mkdtemp(prefix="vllm-fa4-test-kernels-")
+    os.environ["VLLM_FA4_CACHE_DIR"] = cache_dir
+    config.add_cleanup(lambda: shutil.rmtree(cache_dir, ignore_errors=True))
 
 
 def pytest_sessionstart(session):

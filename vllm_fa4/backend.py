@@ -19,6 +19,7 @@ from vllm_fa4.compat import (
     FlashAttentionBackend,
     FlashAttentionImpl,
     MultipleOf,
+    current_platform,
     get_kv_cache_layout,
 )
 from vllm_fa4.kernels.config import (
@@ -36,8 +37,9 @@ _USE_INSTEAD = "use --attention-backend FLASH_ATTN for this model"
 FA3_SINK_MAX_Q_HEADS = 64  # FA3's s_aux: "We only support query heads <= 64 with S aux"
 
 
-def _reason(what: str) -> str:
-    return f"FA4: {what} is not supported ({_USE_INSTEAD})"
+def _reason(what: str, supported: str | None = None) -> str:
+    also = f"supported: {supported}; " if supported else ""
+    return f"FA4: {what} is not supported ({also}{_USE_INSTEAD})"
 
 
 class FA4AttentionBackend(AttentionBackend):
@@ -87,25 +89,67 @@ class FA4AttentionBackend(AttentionBackend):
 
     @classmethod
     def validate_configuration(cls, *args, **kwargs) -> list[str]:
-        # vLLM's generic reasons are terse ("sliding window not supported"); say which backend
-        # refused and what to use instead, so the startup error is actionable.
-        reasons = [
-            _reason(r.removesuffix(" not supported")) if r.endswith("not supported") else r
-            for r in super().validate_configuration(*args, **kwargs)
-        ]
+        # vLLM's generic reasons are terse ("kv_cache_dtype not supported"); say which backend
+        # refused, the value it got and what to use instead, so the startup error is actionable.
+        given = inspect.signature(super().validate_configuration).bind(*args, **kwargs).arguments
+        reasons = [_named_reason(r, given) for r in super().validate_configuration(*args, **kwargs)]
         layout = get_kv_cache_layout()
         if layout != "NHD":
             reasons.append(_reason(f"KV cache layout {layout} (only NHD)"))
-        given = inspect.signature(super().validate_configuration).bind(*args, **kwargs)
-        dtype, kv_cache_dtype = given.arguments["dtype"], given.arguments["kv_cache_dtype"]
+        dtype, kv_cache_dtype = given["dtype"], given["kv_cache_dtype"]
         if kv_cache_dtype in ("float16", "bfloat16") and kv_cache_dtype != dtype_name(dtype):
             reasons.append(
                 _reason(f"kv_cache_dtype {kv_cache_dtype} with model dtype {dtype_name(dtype)}")
                 + " (or --kv-cache-dtype auto)"
             )
-        return reasons + _environment_reasons(
-            given.arguments["head_size"], dtype, given.arguments["block_size"]
-        )
+        return reasons + _environment_reasons(given["head_size"], dtype, given["block_size"])
+
+
+def _named_reason(generic: str, given: dict) -> str:
+    """vLLM's generic refusal ``generic`` (for the arguments ``given`` to
+    validate_configuration) as FA4's: the offending value, what FA4 supports, FLASH_ATTN."""
+    if generic == "compute capability not supported":
+        return _gpu_reason(given["device_capability"])
+    named = {
+        "head_size not supported": (
+            f"head size {given['head_size']}",
+            _listed(SUPPORTED_HEAD_DIMS),
+        ),
+        "dtype not supported": (
+            f"dtype {dtype_name(given['dtype'])}",
+            _listed(dtype_name(d) for d in FA4AttentionBackend.supported_dtypes),
+        ),
+        "kv_cache_dtype not supported": (
+            f"kv_cache_dtype {given['kv_cache_dtype']!r}",
+            _listed(FA4AttentionBackend.supported_kv_cache_dtypes),
+        ),
+        "block_size not supported": (
+            f"block size {given['block_size']}",
+            f"multiples of {_listed(SUPPORTED_PAGE_SIZES)}",
+        ),
+    }.get(generic)
+    if named is not None:
+        return _reason(*named)
+    if generic.endswith("not supported"):
+        return _reason(generic.removesuffix(" not supported"))
+    return generic
+
+
+def _listed(values) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+def _gpu_reason(capability) -> str:
+    """The refusal on a GPU other than SM90: which GPU was found and what to use instead."""
+    try:  # the name is a courtesy: the refusal must not depend on NVML answering
+        name = current_platform.get_device_name()
+    except Exception:
+        name = "a GPU"
+    return (
+        f"FA4: needs an SM90 (Hopper: H100, H200, GH200) GPU; found {name} with compute "
+        f"capability {capability.major}.{capability.minor}. Use --attention-backend "
+        "FLASH_ATTN on this GPU"
+    )
 
 
 def _environment_reasons(head_size: int, dtype: torch.dtype, block_size: int | None) -> list[str]:
@@ -156,8 +200,8 @@ class FA4AttentionImpl(FlashAttentionImpl):
         unsupported = {
             "ALiBi": alibi_slopes is not None,
             f"attention type {attn_type}": attn_type != AttentionType.DECODER,
-            f"kv_cache_dtype {kv_cache_dtype}": kv_cache_dtype
-            not in ("auto", "float16", "bfloat16"),
+            f"kv_cache_dtype {kv_cache_dtype!r}": kv_cache_dtype
+            not in FA4AttentionBackend.supported_kv_cache_dtypes,
             f"options {sorted(extra)}": bool(extra),
         }
         refused = [name for name, bad in unsupported.items() if bad]

@@ -1,7 +1,7 @@
 """Every environment variable vllm-fa4 reads, read here and nowhere else in the package.
 
 VLLM_FA4_VARIANT        kernel config spec (``KernelConfig.parse``), read by the metadata
-                        builder at startup; unset: each key's ``serving_configs``
+                        builder at startup; unset or ``default``: each key's ``serving_configs``
 VLLM_FA4_PREFILL_ROUTE  ``auto`` / ``kernel`` / ``reference`` (``paged_prefill.route``)
 VLLM_FA4_CACHE_DIR      compiled-kernel disk cache (``kernels.cache``; default
                         ``~/.cache/vllm_fa4/kernels``); must be a directory only this user
@@ -35,22 +35,40 @@ DEFAULT_FUZZ_COUNT = 300
 PREFILL_ROUTES = ("auto", "kernel", "reference")
 
 
+# The way out every refusal of a setting names (the user may not want to debug ours).
+WAY_OUT = "or serve with --attention-backend FLASH_ATTN"
+SERVING_DEFAULTS = "default"  # VLLM_FA4_VARIANT spelling of "unset": the per-batch defaults
+
+
 def kernel_config() -> KernelConfig | None:
-    """The kernel config named by the environment, or None (each key's default config); a
-    spec that does not parse is a startup error."""
+    """The kernel config named by the environment, or None (unset or ``default``: each key's
+    serving configs, picked per batch). A spec that does not parse, or one with a test-only
+    flag, is a startup error naming the value, the valid spellings and FLASH_ATTN."""
     spec = os.environ.get(VARIANT, "").strip()
-    if not spec:
+    if spec in ("", SERVING_DEFAULTS):
         return None
     try:
-        return KernelConfig.parse(spec)
+        config = KernelConfig.parse(spec)
     except ValueError as e:
-        raise ValueError(f"{VARIANT}={spec!r}: {e}") from None
+        raise ValueError(
+            f"{VARIANT}={spec!r}: {e}; or {SERVING_DEFAULTS!r} (the per-batch serving "
+            f"defaults, as when unset). Fix or unset {VARIANT}, {WAY_OUT}"
+        ) from None
+    if config.test_only_flags:
+        raise ValueError(
+            f"{VARIANT}={spec!r}: {', '.join(config.test_only_flags)} is test-only kernel "
+            f"instrumentation, never served. Unset {VARIANT}, {WAY_OUT}"
+        )
+    return config
 
 
 def prefill_route() -> str:
     route = os.environ.get(PREFILL_ROUTE, "auto").strip().lower() or "auto"
     if route not in PREFILL_ROUTES:
-        raise ValueError(f"{PREFILL_ROUTE}={route!r}: expected one of {', '.join(PREFILL_ROUTES)}")
+        raise ValueError(
+            f"{PREFILL_ROUTE}={route!r}: expected one of {', '.join(PREFILL_ROUTES)}. "
+            f"Fix or unset {PREFILL_ROUTE}, {WAY_OUT}"
+        )
     return route
 
 

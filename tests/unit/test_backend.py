@@ -57,13 +57,14 @@ def test_supported_configurations_pass(head_size, dtype, block_size):
 
 @pytest.mark.parametrize(
     "changes, words",
-    [
-        (dict(kv_cache_dtype="fp8"), "kv_cache_dtype"),
-        (dict(head_size=96), "head_size"),
-        (dict(dtype=torch.float32), "dtype"),
-        (dict(block_size=8), "block_size"),
-        (dict(device_capability=DeviceCapability(8, 0)), "compute capability"),
-        (dict(device_capability=DeviceCapability(10, 0)), "compute capability"),
+    [  # the refused feature, with the value vLLM asked for where there is one
+        (dict(kv_cache_dtype="fp8"), "kv_cache_dtype 'fp8'"),
+        (dict(kv_cache_dtype="fp8_e5m2"), "kv_cache_dtype 'fp8_e5m2'"),
+        (dict(head_size=96), "head size 96"),
+        (dict(dtype=torch.float32), "dtype float32"),
+        (dict(block_size=8), "block size 8"),
+        (dict(device_capability=DeviceCapability(8, 0)), "compute capability 8.0"),
+        (dict(device_capability=DeviceCapability(10, 0)), "compute capability 10.0"),
         (dict(attn_type=AttentionType.ENCODER_ONLY), "attention type"),
         (dict(attn_type=AttentionType.ENCODER_DECODER), "attention type"),
         (dict(use_non_causal=True), "non-causal"),
@@ -78,6 +79,29 @@ def test_rejections_name_the_feature_and_the_alternative(changes, words):
     found = reasons(**changes)
     assert len(found) == 1, found
     assert words in found[0] and found[0].startswith("FA4:") and "FLASH_ATTN" in found[0]
+
+
+def test_gpu_other_than_sm90_is_refused_naming_the_gpu(monkeypatch):
+    """vLLM asks ``supports_compute_capability`` inside ``validate_configuration`` and would
+    say only "compute capability not supported": the refusal names the GPU vLLM found, its
+    capability, what FA4 needs and FLASH_ATTN, and is the only reason given."""
+    from vllm.platforms import current_platform
+
+    monkeypatch.setattr(
+        type(current_platform),
+        "get_device_name",
+        classmethod(lambda cls, device_id=0: "NVIDIA A100-SXM4-80GB"),
+    )
+    (reason,) = reasons(device_capability=DeviceCapability(8, 0))
+    assert "found NVIDIA A100-SXM4-80GB with compute capability 8.0" in reason
+    assert "SM90" in reason and "--attention-backend FLASH_ATTN" in reason
+    assert "compute capability not supported" not in reason
+    # without a name from the platform (NVML unavailable), still the capability
+    monkeypatch.setattr(
+        type(current_platform), "get_device_name", classmethod(lambda cls, device_id=0: 1 / 0)
+    )
+    (reason,) = reasons(device_capability=DeviceCapability(12, 0))
+    assert "found a GPU with compute capability 12.0" in reason
 
 
 def test_kv_cache_shape_is_flash_attn_layout():
@@ -154,12 +178,12 @@ def test_bf16_sinks_are_converted_once_per_weight_version(monkeypatch):
     "changes, words",
     [
         (dict(alibi_slopes=[0.5] * 32), "ALiBi"),
-        (dict(kv_cache_dtype="fp8"), "kv_cache_dtype"),
+        (dict(kv_cache_dtype="fp8"), "kv_cache_dtype 'fp8'"),
         (dict(attn_type=AttentionType.ENCODER), "attention type"),
     ],
 )
 def test_impl_refuses_at_construction(changes, words):
-    with pytest.raises(NotImplementedError, match=words):
+    with pytest.raises(NotImplementedError, match=f"{words}.*FLASH_ATTN"):
         FA4AttentionImpl(**{**IMPL_ARGS, **changes})
 
 

@@ -1,4 +1,13 @@
-"""Compile-only tests for the SM90 prefill kernel (CPU, no GPU needed)."""
+"""Compile-only tests for the SM90 prefill kernel (CPU, no GPU needed).
+
+The default run (scripts/test.sh) compiles one kernel per config family serving can launch
+(``test_compile_served_config_family``: about ten). The full matrix, marker
+``compile_matrix`` (deselected by default; .ci/run runs it), compiles every key with every
+config serving can launch for it, the model-feature keys and the variant cases:
+``pytest -m compile_matrix``, about 130 kernels of 6-20 s each. Kernels go through the disk
+cache (``VLLM_FA4_CACHE_DIR``, one per test run: tests/conftest.py), so a kernel one test
+process compiled is loaded, not compiled again, by another of the same run.
+"""
 
 import dataclasses
 import os
@@ -19,8 +28,21 @@ from vllm_fa4.kernels.config import (  # noqa: E402
     SUPPORTED_PAGE_SIZES,
     KernelConfig,
     KernelKey,
+    serving_configs,
 )
 from vllm_fa4.testing.variants import ALL_CONFIGS, parse_configs  # noqa: E402
+
+
+def assert_compiles(key: KernelKey, config: KernelConfig, has_lse: bool) -> None:
+    from vllm_fa4.kernels.compile import build_kernel
+
+    assert build_kernel(key, config, has_lse) is not None
+
+
+def case_id(key: KernelKey, config: KernelConfig, *has_lse: bool) -> str:
+    lse = [f"lse={has_lse[0]}"] if has_lse else []
+    return "-".join([repr(key), config.spec, *lse])
+
 
 # Every compile-time key a Llama-family model can need (dtype x head dim x page size) at GQA 4,
 # plus odd and extreme GQA groups (the group size only changes row-to-head arithmetic).
@@ -37,11 +59,79 @@ KEYS = sorted(
 )
 
 
-@pytest.mark.parametrize("key", KEYS, ids=repr)
-def test_compile_key(key):
-    from vllm_fa4.kernels.compile import compile_kernel
+def served_config_families() -> list[tuple[KernelKey, KernelConfig]]:
+    """One (key, config) per distinct config that serving can launch for some supported key
+    (every dtype, head dim, page size and model feature), with the plainest key that runs it
+    (bf16, no feature, smallest page first): serving picks configs by head dim, page size and
+    window only, so these few kernels cover every code path serving compiles."""
+    keys = [
+        KernelKey(dt, hd, ps, 4, sliding_window=window, softcap=softcap, sinks=sinks)
+        for dt in SUPPORTED_DTYPES
+        for hd in SUPPORTED_HEAD_DIMS
+        for ps in SUPPORTED_PAGE_SIZES
+        for window in (False, True)
+        for softcap in (False, True)
+        for sinks in (False, True)
+    ]
+    plainest_first = sorted(
+        keys,
+        key=lambda k: (k.sliding_window, k.softcap, k.sinks, k.dtype != "bfloat16", k.page_size),
+    )
+    families: dict[KernelConfig, KernelKey] = {}
+    for key in plainest_first:
+        for config in serving_configs(key).all:
+            families.setdefault(config, key)
+    return [(key, config) for config, key in families.items()]
 
-    assert compile_kernel(key, DEFAULT_CONFIG, has_lse=True) is not None
+
+SERVED_FAMILIES = served_config_families()
+
+
+@pytest.mark.parametrize(
+    "key,config", SERVED_FAMILIES, ids=[case_id(k, c) for k, c in SERVED_FAMILIES]
+)
+def test_compile_served_config_family(key, config):
+    assert_compiles(key, config, has_lse=False)  # as warmup compiles it for serving
+
+
+# The matrix: every key above with every config serving can launch for it.
+SERVED_CASES = [(key, config) for key in KEYS for config in serving_configs(key).all]
+
+
+def test_default_run_compiles_one_kernel_per_served_family():
+    """The README suite's compile cost stays one kernel per served config family (it once
+    compiled all 122 matrix kernels: 45+ minutes on 2 cores), and those families cover every
+    config the matrix's keys are served with."""
+    assert {config for _, config in SERVED_CASES} <= {config for _, config in SERVED_FAMILIES}
+    listed = subprocess.run(  # pyproject's addopts as the README's command applies them
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            __file__,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=os.path.dirname(__file__),
+    )
+    compiling = [
+        line
+        for line in listed.stdout.splitlines()
+        if "::test_compile" in line or "::test_three_warpgroup_serving" in line
+    ]
+    assert len(compiling) == len(SERVED_FAMILIES), listed.stdout[-3000:] + listed.stderr[-2000:]
+    assert all("::test_compile_served_config_family[" in line for line in compiling)
+
+
+@pytest.mark.compile_matrix
+@pytest.mark.parametrize("key,config", SERVED_CASES, ids=[case_id(k, c) for k, c in SERVED_CASES])
+def test_compile_key(key, config):
+    assert_compiles(key, config, has_lse=False)
 
 
 # Issue 11's keys (sliding window, soft cap, sinks; alone and together) with every config
@@ -55,14 +145,20 @@ FEATURE_KEYS = [
 ]
 
 
-@pytest.mark.parametrize("key", FEATURE_KEYS, ids=repr)
-def test_compile_model_feature_keys(key):
-    from vllm_fa4.kernels.compile import compile_kernel
-    from vllm_fa4.kernels.config import serving_configs
+FEATURE_CASES = [
+    (key, config, has_lse)
+    for key in FEATURE_KEYS
+    for config in (*serving_configs(key).all, DEFAULT_CONFIG)
+    for has_lse in (False, True)
+]
 
-    for config in (*serving_configs(key).all, DEFAULT_CONFIG):
-        for has_lse in (False, True):
-            assert compile_kernel(key, config, has_lse=has_lse) is not None
+
+@pytest.mark.compile_matrix
+@pytest.mark.parametrize(
+    "key,config,has_lse", FEATURE_CASES, ids=[case_id(*case) for case in FEATURE_CASES]
+)
+def test_compile_model_feature_keys(key, config, has_lse):
+    assert_compiles(key, config, has_lse)
 
 
 # Every non-base config at the benchmark key; the combined variant also at the head-dim /
@@ -140,11 +236,10 @@ def test_wide_box_needs_whole_boxes_per_block():
         check_slot_boxes(k_padded, 16)
 
 
+@pytest.mark.compile_matrix
 @pytest.mark.parametrize("spec,key", VARIANT_CASES, ids=[f"{s}-{k!r}" for s, k in VARIANT_CASES])
 def test_compile_variants(spec, key):
-    from vllm_fa4.kernels.compile import compile_kernel
-
-    assert compile_kernel(key, KernelConfig.parse(spec), has_lse=True) is not None
+    assert_compiles(key, KernelConfig.parse(spec), has_lse=True)
 
 
 def test_three_warpgroups_at_head_dim_64_only():
@@ -400,10 +495,13 @@ NO_SPILL_KEYS = [
 ]
 
 
-@pytest.mark.parametrize("key", NO_SPILL_KEYS, ids=repr)
-def test_three_warpgroup_serving_kernels_do_not_spill(key):
-    from vllm_fa4.kernels.config import serving_configs
+NO_SPILL_CASES = [(key, config) for key in NO_SPILL_KEYS for config in serving_configs(key).all]
 
-    for config in serving_configs(key).all:
-        assert config.mma_wgs == 3
-        assert _local_memory_instructions(key, config) == 0, config.spec
+
+@pytest.mark.compile_matrix  # a fresh process per kernel: about 30 s each
+@pytest.mark.parametrize(
+    "key,config", NO_SPILL_CASES, ids=[case_id(k, c) for k, c in NO_SPILL_CASES]
+)
+def test_three_warpgroup_serving_kernels_do_not_spill(key, config):
+    assert config.mma_wgs == 3
+    assert _local_memory_instructions(key, config) == 0, config.spec

@@ -140,3 +140,26 @@ def test_values_said_to_be_transformers_defaults_are(name):
 @pytest.mark.parametrize("name", list(EXPECTED))
 def test_parameter_count(name):
     assert gen.n_params(gen.model_config(name)) == EXPECTED[name][-1]
+
+
+def test_help_and_bad_arguments_write_nothing(tmp_path):
+    """``--help`` (and a misspelt option) exit before writing: a copy of the script in an empty
+    folder, whose default output folder is that folder, stays alone there."""
+    import shutil
+    import subprocess
+
+    script = tmp_path / "make_model_configs.py"
+    shutil.copy(CONFIGS / "make_model_configs.py", script)
+    for args, status in ((["--help"], 0), (["--bogus"], 2)):
+        out = subprocess.run(
+            [sys.executable, str(script), *args], capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == status, out.stderr
+        assert [p.name for p in tmp_path.iterdir()] == ["make_model_configs.py"], args
+    helped = subprocess.run([sys.executable, str(script), "-h"], capture_output=True, text=True)
+    assert "--out" in helped.stdout and "llama-3.1-8b" in helped.stdout
+
+
+def test_out_writes_elsewhere(tmp_path):
+    gen.main(["--out", str(tmp_path)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(gen.MODELS)

@@ -138,7 +138,8 @@ def test_no_kernel_on_gpu_is_an_error_not_a_fallback(fake_sm90, key, config, wor
 
 def test_auto_route_on_a_gpu_other_than_sm90_is_an_error(fake_sm90, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
-    with pytest.raises(RuntimeError, match="compute capability 8.0 is not SM90"):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
+    with pytest.raises(RuntimeError, match="NVIDIA A100: compute capability 8.0 is not SM90"):
         select_route(KEY, CONFIG, "cuda:0")
 
 

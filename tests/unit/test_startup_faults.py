@@ -92,14 +92,43 @@ def test_nonsense_variant_is_refused_at_backend_selection(monkeypatch):
     monkeypatch.setenv(envs.VARIANT, "turbo+pingpnog")
     (reason,) = validate()
     assert reason.startswith("FA4: VLLM_FA4_VARIANT='turbo+pingpnog'")
-    assert "'turbo'" in reason
+    assert "'turbo'" in reason and "--attention-backend FLASH_ATTN" in reason
     for spelling in _valid_spellings():  # base, overlap, pingpong, ..., kv_stages=N
         assert spelling in reason
+    assert "'default'" in reason  # the per-batch defaults' spelling too
+    assert "count_visits" not in reason  # test-only instrumentation is not offered
+
+
+@pytest.mark.parametrize("spec", ["default", " default ", ""])
+def test_default_variant_means_the_per_batch_serving_defaults(monkeypatch, vllm_config, spec):
+    """``VLLM_FA4_VARIANT=default`` (the docs' and the sweep tools' spelling) is the same
+    as unset: each key's serving configs, picked per batch."""
+    from vllm_fa4.kernels.config import serving_configs
+
+    monkeypatch.setenv(envs.VARIANT, spec)
+    assert envs.kernel_config() is None
+    assert validate() == []
+    builder = make_builder(vllm_config)
+    assert builder.kernel_configs == serving_configs(builder.kernel_key)
+
+
+def test_test_only_flag_is_refused_for_serving(monkeypatch, vllm_config):
+    """count_visits instruments the kernel for tests/gpu (an atomic per tile): serving it
+    would be slower and write into the work list, so the environment cannot select it."""
+    monkeypatch.setenv(envs.VARIANT, "overlap+pingpong+count_visits")
+    (reason,) = validate()
+    assert "VLLM_FA4_VARIANT='overlap+pingpong+count_visits'" in reason
+    assert "count_visits is test-only" in reason and "FLASH_ATTN" in reason
+    with pytest.raises(ValueError, match="count_visits is test-only.*FLASH_ATTN"):
+        make_builder(vllm_config)
+    assert KernelConfig.parse("count_visits").count_visits  # tests still spell it
 
 
 def test_nonsense_variant_is_refused_by_the_builder(monkeypatch, vllm_config):
     monkeypatch.setenv(envs.VARIANT, "fastest")
-    with pytest.raises(ValueError, match="VLLM_FA4_VARIANT='fastest'.*valid: base, overlap"):
+    with pytest.raises(
+        ValueError, match="VLLM_FA4_VARIANT='fastest'.*valid: base, overlap.*FLASH_ATTN"
+    ):
         make_builder(vllm_config)
 
 
@@ -110,8 +139,9 @@ def test_nonsense_route_is_refused_at_startup(monkeypatch, vllm_config):
     assert len(reasons) == 2  # both named at once
     assert "VLLM_FA4_PREFILL_ROUTE='fallback'" in reasons[0]
     assert "auto, kernel, reference" in reasons[0]
+    assert all("--attention-backend FLASH_ATTN" in r for r in reasons)
     monkeypatch.delenv(envs.VARIANT)
-    with pytest.raises(ValueError, match="expected one of auto, kernel, reference"):
+    with pytest.raises(ValueError, match="expected one of auto, kernel, reference.*FLASH_ATTN"):
         make_builder(vllm_config)
 
 

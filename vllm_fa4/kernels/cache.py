@@ -149,6 +149,12 @@ class KernelCache:
             fn = self._memory[entry] = self._load_or_compile(entry)
         return fn
 
+    def load_or_compile(self, entry: tuple):
+        """``get`` without keeping the function in this process (a compile check builds
+        a hundred kernels and needs none of them afterwards)."""
+        fn = self._memory.get(entry)
+        return self._load_or_compile(entry) if fn is None else fn
+
     @property
     def fingerprint(self) -> str:
         if self._fingerprint is None:

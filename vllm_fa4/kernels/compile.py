@@ -72,6 +72,12 @@ def get_kernel(key: KernelKey, config: KernelConfig, has_lse: bool):
     return _CACHE.get((key, config, has_lse))
 
 
+def build_kernel(key: KernelKey, config: KernelConfig, has_lse: bool):
+    """``get_kernel`` for compile checks: through the disk cache (a kernel another process
+    compiled from the same sources is loaded), not kept in memory afterwards."""
+    return _CACHE.load_or_compile((key, config, has_lse))
+
+
 def compile_keys(
     keys, config: KernelConfig = DEFAULT_CONFIG, progress: bool = True, with_lse: bool = False
 ) -> None:

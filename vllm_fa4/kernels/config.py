@@ -17,6 +17,9 @@ SUPPORTED_DTYPES = ("bfloat16", "float16")
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SUPPORTED_PAGE_SIZES = (16, 32, 64, 128)
 SMEM_BYTES = 227 * 1024  # dynamic shared memory one SM90 CTA may use
+# KernelConfig flags that instrument the kernel for tests (tests/gpu); never served, and not
+# offered among the spellings a startup error lists.
+TEST_ONLY_FLAGS = ("count_visits",)
 
 
 def dtype_name(dtype) -> str:
@@ -245,9 +248,17 @@ class KernelConfig:
 
     @classmethod
     def spellings(cls) -> str:
+        """The spellings a user may set (test-only instrumentation flags left out)."""
         return "base, " + ", ".join(
-            f.name if f.type == "bool" else f"{f.name}=N" for f in fields(cls)
+            f.name if f.type == "bool" else f"{f.name}=N"
+            for f in fields(cls)
+            if f.name not in TEST_ONLY_FLAGS
         )
+
+    @property
+    def test_only_flags(self) -> tuple[str, ...]:
+        """The test-only instrumentation flags this config sets (serving refuses them)."""
+        return tuple(name for name in TEST_ONLY_FLAGS if getattr(self, name))
 
     @property
     def spec(self) -> str:

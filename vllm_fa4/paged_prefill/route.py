@@ -39,7 +39,11 @@ def device_unsupported_reason(device: torch.device | str | None = None) -> str |
         return f"device {device} is not a CUDA GPU"
     major, minor = torch.cuda.get_device_capability(device)
     if major != 9:
-        return f"compute capability {major}.{minor} is not SM90 (Hopper)"
+        try:  # the name helps the reader; the reason must not depend on it
+            name = torch.cuda.get_device_name(device)
+        except Exception:
+            name = str(device)
+        return f"{name}: compute capability {major}.{minor} is not SM90 (Hopper)"
     return None
 
 
