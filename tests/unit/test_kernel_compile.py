@@ -72,50 +72,50 @@ VARIANT_CASES = [
 ] + [
     # three consumer warpgroups: gpt-oss's group of 8 at page 128, the staged epilogue, and
     # the producer's 40 registers with page_prefetch (consumers then get 152)
-    ("overlap+pingpong+persistent+softmax_per_arm+mma_wgs=3", KernelKey("bfloat16", 64, 128, 8)),
-    ("overlap+pingpong+smem_epilogue+mma_wgs=3", KernelKey("float16", 64, 16, 1)),
-    ("pingpong+page_prefetch+kv_stages=3+mma_wgs=3", KernelKey("bfloat16", 64, 16, 3)),
-    ("pingpong+max_box_n=64", KernelKey("bfloat16", 128, 128, 4)),
-    ("overlap+pingpong+smem_epilogue+max_box_n=32", KernelKey("bfloat16", 128, 64, 4)),
-    ("overlap+pingpong+smem_epilogue", KernelKey("float16", 64, 128, 1)),
-    ("overlap+pingpong+smem_epilogue", KernelKey("bfloat16", 256, 16, 3)),
-    ("pingpong+smem_epilogue", KernelKey("bfloat16", 256, 128, 8)),
-    ("kv_stages=3", KernelKey("float16", 64, 16, 3)),
-    ("pingpong+page_prefetch", KernelKey("bfloat16", 128, 128, 4)),
-    ("overlap+pingpong+page_prefetch+max_box_n=32", KernelKey("bfloat16", 128, 64, 4)),
-    ("overlap+page_prefetch", KernelKey("float16", 256, 16, 3)),
+    ("overlap+pingpong+softmax_per_arm+persistent+mma_wgs=3", KernelKey("bfloat16", 64, 128, 8)),
+    ("overlap+pingpong+softmax_per_arm+smem_epilogue+mma_wgs=3", KernelKey("float16", 64, 16, 1)),
+    ("overlap+pingpong+softmax_per_arm+page_prefetch+mma_wgs=3", KernelKey("bfloat16", 64, 16, 3)),
+    ("overlap+pingpong+softmax_per_arm", KernelKey("bfloat16", 128, 128, 4)),
+    ("overlap+pingpong+softmax_per_arm+smem_epilogue", KernelKey("bfloat16", 128, 64, 4)),
+    ("overlap+pingpong+softmax_per_arm+smem_epilogue", KernelKey("float16", 64, 128, 1)),
+    ("overlap+pingpong+softmax_per_arm+smem_epilogue", KernelKey("bfloat16", 256, 16, 3)),
+    ("overlap+pingpong+softmax_per_arm+smem_epilogue", KernelKey("bfloat16", 256, 128, 8)),
+    ("base", KernelKey("float16", 64, 16, 3)),
+    ("overlap+pingpong+softmax_per_arm+page_prefetch", KernelKey("bfloat16", 128, 128, 4)),
+    ("overlap+pingpong+softmax_per_arm+page_prefetch", KernelKey("bfloat16", 128, 64, 4)),
+    ("overlap+pingpong+softmax_per_arm+page_prefetch", KernelKey("float16", 256, 16, 3)),
     ("smem_epilogue+persistent", KernelKey("bfloat16", 256, 128, 8)),
-    ("persistent+kv_stages=3", KernelKey("float16", 64, 32, 1)),
+    ("persistent", KernelKey("float16", 64, 32, 1)),
     # q_tma's box (G heads x T tokens x 64): a group that does not divide the tile (3: 126
     # of 128 rows), one head per KV head, 32 heads (4 tokens), three warpgroups
     (
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma",
+        "overlap+pingpong+softmax_per_arm+persistent+lazy_max+q_tma",
         KernelKey("bfloat16", 128, 128, 3),
     ),
     ("persistent+q_tma", KernelKey("float16", 128, 16, 1)),
     # queue_work's slot with the window's two words
     (
-        "overlap+pingpong+persistent+softmax_per_arm+q_tma+queue_work",
+        "overlap+pingpong+softmax_per_arm+persistent+q_tma+queue_work",
         KernelKey("bfloat16", 128, 16, 4, sliding_window=True),
     ),
     ("q_tma", KernelKey("bfloat16", 128, 32, 32)),
     (
-        "overlap+pingpong+persistent+softmax_per_arm+q_tma+mma_wgs=3",
+        "overlap+pingpong+softmax_per_arm+persistent+q_tma+mma_wgs=3",
         KernelKey("bfloat16", 64, 128, 8),
     ),
     # wide_box's 5-D box (64, 8 rows, chunks, row groups): one chunk (head dim 64), four
     # (256, 64-key tiles), a 128-row box, a page split into 32-row boxes, the base loop
     ("wide_box", KernelKey("float16", 64, 32, 3)),
-    ("overlap+pingpong+wide_box", KernelKey("bfloat16", 256, 128, 2)),
-    ("overlap+pingpong+persistent+softmax_per_arm+wide_box", KernelKey("bfloat16", 256, 16, 4)),
+    ("overlap+pingpong+softmax_per_arm+wide_box", KernelKey("bfloat16", 256, 128, 2)),
+    ("overlap+pingpong+softmax_per_arm+persistent+wide_box", KernelKey("bfloat16", 256, 16, 4)),
     (
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+v_warp+wide_box",
+        "overlap+pingpong+softmax_per_arm+persistent+lazy_max+q_tma+queue_work+v_warp+wide_box",
         KernelKey("bfloat16", 128, 128, 8),
     ),
-    ("overlap+pingpong+page_prefetch+max_box_n=32+wide_box", KernelKey("bfloat16", 128, 64, 4)),
+    ("overlap+pingpong+softmax_per_arm+page_prefetch+wide_box", KernelKey("bfloat16", 128, 64, 4)),
     # pv_wait_mid's split softmax after the soft cap and the window's mask, at head dim 256
     (
-        "overlap+pingpong+persistent+softmax_per_arm+pv_wait_mid",
+        "overlap+pingpong+softmax_per_arm+persistent+pv_wait_mid",
         KernelKey("bfloat16", 256, 128, 2, sliding_window=True, softcap=True, sinks=True),
     ),
 ]
@@ -150,7 +150,7 @@ def test_compile_variants(spec, key):
 def test_three_warpgroups_at_head_dim_64_only():
     from vllm_fa4.kernels.compile import compile_kernel
 
-    three = KernelConfig.parse("overlap+pingpong+mma_wgs=3")
+    three = KernelConfig.parse("overlap+pingpong+softmax_per_arm+mma_wgs=3")
     assert three.unsupported_reason(KernelKey("bfloat16", 64, 16, 4)) is None
     for hd in (128, 256):
         assert "head dim 64 only" in three.unsupported_reason(KernelKey("bfloat16", hd, 16, 4))
@@ -165,17 +165,6 @@ def test_three_warpgroups_at_head_dim_64_only():
         assert 128 * cfg.producer_regs + 384 * cfg.mma_regs <= 65536
 
 
-def test_three_stages_refused_where_shared_memory_is_short():
-    from vllm_fa4.kernels.compile import compile_kernel
-
-    three = KernelConfig.parse("kv_stages=3")
-    assert three.unsupported_reason(KernelKey("bfloat16", 128, 16, 4)) is None
-    key256 = KernelKey("bfloat16", 256, 16, 4)
-    assert "shared memory" in three.unsupported_reason(key256)
-    with pytest.raises(ValueError, match="shared memory"):
-        compile_kernel(key256, three)
-
-
 def test_config_spellings_roundtrip(monkeypatch):
     for config in ALL_CONFIGS:
         assert KernelConfig.parse(config.spec) == config
@@ -184,21 +173,12 @@ def test_config_spellings_roundtrip(monkeypatch):
     monkeypatch.delenv("VLLM_FA4_VARIANT", raising=False)
     assert parse_configs(None) == (None,)  # each key's default config
     assert parse_configs("default base") == (None, KernelConfig())
-    monkeypatch.setenv("VLLM_FA4_VARIANT", "pingpong")
-    assert parse_configs(None) == (KernelConfig(pingpong=True),)
-    assert parse_configs("base overlap+pingpong") == (
-        KernelConfig(),
-        KernelConfig(overlap=True, pingpong=True),
-    )
-    assert KernelConfig.parse("max_box_n=64").box_n(KernelKey("bfloat16", 128, 128, 4)) == 64
-    assert KernelConfig.parse("max_box_n=64").box_n(KernelKey("bfloat16", 128, 16, 4)) == 16
+    monkeypatch.setenv("VLLM_FA4_VARIANT", "persistent")
+    assert parse_configs(None) == (KernelConfig(persistent=True),)
     key = KernelKey("bfloat16", 128, 16, 4)
-    assert "needs 'overlap'" in KernelConfig.parse("softmax_per_arm").unsupported_reason(key)
-    pv_mid = KernelConfig.parse("overlap+pv_wait_mid")
+    assert "go together" in KernelConfig.parse("softmax_per_arm").unsupported_reason(key)
+    pv_mid = KernelConfig.parse("pv_wait_mid")
     assert "needs 'softmax_per_arm'" in pv_mid.unsupported_reason(key)
-    assert "needs 'pingpong'" in KernelConfig.parse("single_poller").unsupported_reason(key)
-    assert KernelConfig.parse("overlap+kv_evict_last").unsupported_reason(key) is None
-    assert KernelConfig.parse("overlap+persistent+softmax_per_arm").unsupported_reason(key) is None
     assert "needs 'persistent'" in KernelConfig.parse("q_prefetch").unsupported_reason(key)
     both = KernelConfig.parse("smem_epilogue+persistent+q_prefetch")
     assert "exclude each other" in both.unsupported_reason(key)
@@ -211,19 +191,10 @@ def test_config_spellings_roundtrip(monkeypatch):
     assert "2 Q stages" in KernelConfig.parse("q_tma").unsupported_reason(
         KernelKey("bfloat16", 256, 16, 4)
     )
-    assert "256 KB" in KernelConfig.parse("q_tma+kv_stages=3").unsupported_reason(key)
-    assert KernelConfig.parse("narrow_diag").unsupported_reason(key) is None
-    assert "128-key blocks" in KernelConfig.parse("narrow_diag").unsupported_reason(
-        KernelKey("bfloat16", 256, 16, 4)
-    )
     assert "needs 'persistent' and 'q_tma'" in KernelConfig.parse(
         "persistent+queue_work"
     ).unsupported_reason(key)
     assert KernelConfig.parse("persistent+q_tma+queue_work").unsupported_reason(key) is None
-    assert (
-        KernelConfig.parse("q_tma+kv_stages=3").unsupported_reason(KernelKey("bfloat16", 64, 16, 4))
-        is None
-    )
 
 
 def test_serving_configs_by_head_dim_page_size_and_batch():
@@ -312,16 +283,16 @@ def test_serving_configs_by_head_dim_page_size_and_batch():
     assert configs.pick(0, 0) == OVERLAP_PINGPONG
     for key in (p128, KernelKey("float16", 64, 16, 1), KernelKey("bfloat16", 256, 16, 2)):
         assert all(c.unsupported_reason(key) is None for c in serving_configs(key).all)
-    fixed = serving_configs(p128, KernelConfig(pingpong=True))
-    assert fixed.all == (KernelConfig(pingpong=True),)
-    assert fixed.pick(10, 10) == fixed.pick(10, 10**6) == KernelConfig(pingpong=True)
+    fixed = serving_configs(p128, KernelConfig(persistent=True))
+    assert fixed.all == (KernelConfig(persistent=True),)
+    assert fixed.pick(10, 10) == fixed.pick(10, 10**6) == KernelConfig(persistent=True)
 
 
-@pytest.mark.parametrize("spec", ["pingpnog", "smemepi", "kv_stages", "overlap=1", "kv_stages=x"])
+@pytest.mark.parametrize("spec", ["pingpnog", "smemepi", "mma_wgs", "overlap=1", "mma_wgs=x"])
 def test_bad_config_spelling_names_the_valid_ones(spec, monkeypatch):
     from vllm_fa4 import envs
 
-    with pytest.raises(ValueError, match="kv_stages"):
+    with pytest.raises(ValueError, match="mma_wgs"):
         KernelConfig.parse(spec)
     monkeypatch.setenv("VLLM_FA4_VARIANT", spec)
     with pytest.raises(ValueError, match="VLLM_FA4_VARIANT"):

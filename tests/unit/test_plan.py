@@ -81,7 +81,7 @@ def test_work_list_is_brute_force_lpt(hq, hkv, d):
 @pytest.mark.parametrize("hq,hkv", [(32, 8), (64, 8), (9, 3)])
 def test_three_warpgroups_tile_192_rows(hq, hkv):
     """mma_wgs=3 (head dim 64): the plan tiles 192 packed rows, 192 // group tokens."""
-    config = KernelConfig.parse("overlap+pingpong+mma_wgs=3")
+    config = KernelConfig.parse("overlap+pingpong+softmax_per_arm+mma_wgs=3")
     plan = _plan(SPECS, hq, hkv, 64, config=config, l2_section_bytes=None)
     group = hq // hkv
     assert plan.geometry == TileGeometry(192, 128, 192 // group)
@@ -93,8 +93,8 @@ def test_three_warpgroups_tile_192_rows(hq, hkv):
 def test_serving_configs_must_share_the_m_tile():
     from vllm_fa4.kernels.config import ServingConfigs
 
-    two = KernelConfig.parse("overlap+pingpong")
-    three = KernelConfig.parse("overlap+pingpong+mma_wgs=3")
+    two = KernelConfig.parse("overlap+pingpong+softmax_per_arm")
+    three = KernelConfig.parse("overlap+pingpong+softmax_per_arm+mma_wgs=3")
     with pytest.raises(ValueError, match="differ in mma_wgs"):
         ServingConfigs(long=two, short=three)
     assert ServingConfigs(long=three, short=three).geometry(
@@ -422,7 +422,7 @@ def test_window_makes_a_chunk_after_a_long_prefix_short_work():
     # the pick uses the windowed total ...
     key = windowed.key
     assert windowed.config == serving_configs(key).pick(windowed.num_tiles, windowed.total_work)
-    a, b = KernelConfig.parse("persistent"), KernelConfig.parse("overlap+pingpong")
+    a, b = KernelConfig.parse("persistent"), KernelConfig.parse("overlap+pingpong+softmax_per_arm")
     configs = ServingConfigs(long=a, short=b, short_max_blocks=34)
     assert _plan(specs, config=configs, window_left=4095).config == b
     assert _plan(specs, config=configs).config == a

@@ -93,7 +93,7 @@ def test_nonsense_variant_is_refused_at_backend_selection(monkeypatch):
     (reason,) = validate()
     assert reason.startswith("FA4: VLLM_FA4_VARIANT='turbo+pingpnog'")
     assert "'turbo'" in reason
-    for spelling in _valid_spellings():  # base, overlap, pingpong, ..., kv_stages=N
+    for spelling in _valid_spellings():  # base, overlap, pingpong, ..., mma_wgs=N
         assert spelling in reason
 
 
@@ -119,10 +119,10 @@ def test_nonsense_route_is_refused_at_startup(monkeypatch, vllm_config):
 
 
 def test_config_that_cannot_build_the_head_dim_is_refused_at_backend_selection(monkeypatch):
-    monkeypatch.setenv(envs.VARIANT, "kv_stages=3")
-    assert validate(head_size=128) == []  # 3 stages fit at head dim 128
+    monkeypatch.setenv(envs.VARIANT, "q_tma")
+    assert validate(head_size=128) == []  # two Q stages fit at head dim 128
     (reason,) = validate(head_size=256)
-    assert "kv_stages=3 cannot build the prefill kernel" in reason and "shared memory" in reason
+    assert "q_tma cannot build the prefill kernel" in reason and "shared memory" in reason
     monkeypatch.setenv(envs.PREFILL_ROUTE, "reference")  # asked for: no kernel needed
     assert validate(head_size=256) == []
 
@@ -157,7 +157,7 @@ def test_key_without_kernel_is_refused_by_the_builder_on_gpu(gqa256_config, fake
 def test_config_without_kernel_is_refused_by_the_builder_on_gpu(
     vllm_config, fake_hopper, monkeypatch
 ):
-    monkeypatch.setenv(envs.VARIANT, "kv_stages=3")
+    monkeypatch.setenv(envs.VARIANT, "q_tma")
     with pytest.raises(RuntimeError, match="no prefill kernel.*shared memory"):
         make_builder(vllm_config, device="cuda:0", head_size=256)
     assert fake_hopper == []

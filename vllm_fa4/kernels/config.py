@@ -17,6 +17,7 @@ SUPPORTED_DTYPES = ("bfloat16", "float16")
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SUPPORTED_PAGE_SIZES = (16, 32, 64, 128)
 SMEM_BYTES = 227 * 1024  # dynamic shared memory one SM90 CTA may use
+KV_STAGES = 2  # K/V pipeline depth (3 measured no faster, docs/perf-notes.md)
 
 
 def dtype_name(dtype) -> str:
@@ -147,7 +148,7 @@ class KernelConfig:
     """Compile-time performance flags (all part of the compile and disk-cache key).
 
     Spelled as a string for the environment and test ids: the field names joined by ``+``,
-    numbers as ``field=value``, e.g. ``"overlap+pingpong+kv_stages=3"``; ``"base"`` is the
+    numbers as ``field=value``, e.g. ``"overlap+pingpong+softmax_per_arm+mma_wgs=3"``; ``"base"`` is the
     default (no flag).
     """
 
@@ -174,10 +175,6 @@ class KernelConfig:
     # tile's first K block; the consumers free the stage after their last Q K^T. One 3-D box
     # per 64 columns of D (64 x G heads x tokens) lands as the packed (token, head) rows.
     q_tma: bool = False
-    # The first (diagonal) block's Q K^T runs over only the key columns some row of the
-    # tile sees, rounded up to 32 (a 64 x {32, 64, 96, 128} wgmma picked at run time): with
-    # 32 tokens per tile, 48 of its 128 columns on average are past every row's diagonal.
-    narrow_diag: bool = False
     # With persistent + q_tma: the producer publishes each tile (the CTA's first too) with
     # its TileWork in the tile queue's shared-memory slot, so the consumers start a tile
     # without global loads (tile_scheduler.TileQueue.publish_work).
@@ -201,12 +198,6 @@ class KernelConfig:
     # row's max before them), not after all of them, so the bf16 packing of P and the
     # V release run among the other row's exp2s instead of after the last one.
     pv_wait_mid: bool = False
-    # K/V TMA loads carry an L2 evict-last hint (FA3 does the same): every M tile of a
-    # (request, KV head) pair re-reads the pair's K/V, while Q and O pass through once.
-    kv_evict_last: bool = False
-    # With pingpong: inside the block loops only the first consumer warpgroup polls the K/V
-    # "full" mbarriers; the second is ordered behind it by the turn barrier (FA3's scheme).
-    single_poller: bool = False
     # FA4's conditional rescaling: a row's running max moves only when a block raises it by
     # more than 2^8 (exp2 units), so after the first blocks O is rescaled only by warps where
     # some row moved (a warp vote), not on every block.
@@ -214,8 +205,6 @@ class KernelConfig:
     # Test-only instrumentation: a consumer thread adds 1 to its tile's cost column of
     # work_tiles after the tile's epilogue, so a test can check each tile ran exactly once.
     count_visits: bool = False
-    kv_stages: int = 2  # K/V pipeline depth; 3 fits shared memory for head dims <= 128
-    max_box_n: int = 128  # cap on rows per K/V TMA box (pages > cap are split into boxes)
     # Consumer warpgroups, 64 Q rows each (the M tile is 64 * mma_wgs rows). 3 only at head
     # dim 64: there a block's GEMMs take as long as its exponentials, so two warpgroups
     # cannot hide one's softmax under the other's GEMMs; a third keeps the tensor pipe fed.
@@ -271,14 +260,11 @@ class KernelConfig:
             return "flag 'queue_work' needs 'persistent' and 'q_tma'"
         if self.v_warp and not self.queue_work:
             return "flag 'v_warp' needs 'queue_work'"
-        if self.narrow_diag and tile_geometry(key, self.mma_wgs).tile_n != 128:
-            return "flag 'narrow_diag' needs 128-key blocks (head dims up to 128)"
-        if self.softmax_per_arm and not self.overlap:
-            return "flag 'softmax_per_arm' needs 'overlap'"
+        if not self.overlap == self.pingpong == self.softmax_per_arm:
+            # the block loops left: serial, or overlapped with both
+            return "flags 'overlap', 'pingpong' and 'softmax_per_arm' go together"
         if self.pv_wait_mid and not self.softmax_per_arm:
             return "flag 'pv_wait_mid' needs 'softmax_per_arm'"
-        if self.single_poller and not self.pingpong:
-            return "flag 'single_poller' needs 'pingpong'"
         if self.mma_wgs not in (2, 3):
             return f"mma_wgs={self.mma_wgs} (supported: 2, 3)"
         if self.mma_wgs == 3 and key.head_dim != 64:
@@ -286,19 +272,12 @@ class KernelConfig:
             # block loop spills (128-key blocks) or runs 3-17 % slower (64-key blocks,
             # measured 2026-11-24, docs/perf-notes.md).
             return f"mma_wgs=3 at head dim {key.head_dim} (supported at head dim 64 only)"
-        if self.kv_stages not in (2, 3):
-            return f"kv_stages={self.kv_stages} (supported: 2, 3)"
-        if self.max_box_n not in (16, 32, 64, 128):
-            return f"max_box_n={self.max_box_n} (supported: 16, 32, 64, 128)"
         geo = tile_geometry(key, self.mma_wgs)
-        # smem: Q tile_m*D per Q stage + (K+V) per stage 2*tile_n*D elements (16-bit); 2 K/V
-        # stages fit every head dim, 3 fit head dims <= 128 (224 KB at 128).
+        # smem: Q tile_m*D per Q stage + (K+V) per stage 2*tile_n*D elements (16-bit)
         q_stages = self.q_stages
-        smem = 2 * key.head_dim * (q_stages * geo.tile_m + 2 * geo.tile_n * self.kv_stages)
+        smem = 2 * key.head_dim * (q_stages * geo.tile_m + 2 * geo.tile_n * KV_STAGES)
         if smem > SMEM_BYTES - 1024:  # keep 1 KB for the mbarriers and alignment
-            what = f"{self.kv_stages} K/V stages" + (
-                f" and {q_stages} Q stages" if q_stages > 1 else ""
-            )
+            what = f"{KV_STAGES} K/V stages" + (f" and {q_stages} Q stages" if q_stages > 1 else "")
             return (
                 f"{what} need {smem // 1024} KB of shared memory at head "
                 f"dim {key.head_dim} (limit {SMEM_BYTES // 1024} KB)"
@@ -312,7 +291,7 @@ class KernelConfig:
 
     def box_n(self, key: KernelKey) -> int:
         """Rows per K/V TMA box: one page, or a tile-sized slice of a larger page."""
-        return min(key.page_size, tile_geometry(key).tile_n, self.max_box_n)
+        return min(key.page_size, tile_geometry(key).tile_n)
 
     # page_prefetch keeps two blocks' pages and the next read live across the acquires: at
     # 24 registers the producer's block loop spills (2 per block at page 16), so it takes 16
@@ -362,7 +341,6 @@ PERSISTENT_OVERLAP_QPF_3WG = replace(PERSISTENT_OVERLAP_QPF, mma_wgs=3)
 # PERSISTENT_OVERLAP whose Q the producer loads with TMA a tile ahead (session 9, H100 and
 # H200): head dims 128 and 64 (three warpgroups) without a window, every batch and page size.
 PERSISTENT_OVERLAP_QTMA = replace(PERSISTENT_OVERLAP, q_tma=True)
-PERSISTENT_OVERLAP_QTMA_3WG = replace(PERSISTENT_OVERLAP_QTMA, mma_wgs=3)
 # PERSISTENT_OVERLAP_QTMA whose producer hands each tile over with its TileWork (session 10,
 # H100 and H200): the serving default wherever PERSISTENT_OVERLAP_QTMA was.
 PERSISTENT_OVERLAP_QWORK = replace(PERSISTENT_OVERLAP_QTMA, queue_work=True)

@@ -2,7 +2,7 @@
 
 One CTA per work tile (batch, kv_head, m_block), or with `persistent` min(tiles, SMs) CTAs
 that claim tiles of the ordered list as they become free. 1 + `mma_wgs` warpgroups:
-  WG0  producer: warp 0 issues per-page K/V TMA boxes into a `kv_stages`-deep ring
+  WG0  producer: warp 0 issues per-page K/V TMA boxes into a two-stage ring
        (one PipelineTmaAsync for K, one for V), registers lowered to `producer_regs`.
   WG1 .. consumers (2, or 3 at head dim 64): 64 packed (token, q-head) rows each; load
        their Q rows with cp.async (with `q_tma` the producer loads Q by TMA), then per KV
@@ -27,9 +27,6 @@ Compile-time variants (KernelConfig):
   pv_wait_mid       (with softmax_per_arm) the P V wait after the first row's
                     exponentials; the second row's and P's packing follow it in one basic
                     block, O's rescale moves to the next block's turn (overlap_step).
-  kv_evict_last     K/V TMA loads carry an L2 evict-last cache hint.
-  single_poller     (with pingpong) only the first consumer warpgroup polls the K/V stage
-                    mbarriers inside the block loops; the turn order covers the second.
   q_prefetch        (with persistent) the consumers issue the next tile's Q copies after
                     their last Q K^T.
   q_tma             the producer loads Q with TMA into a two-stage ring, on the tile's first
@@ -38,8 +35,6 @@ Compile-time variants (KernelConfig):
   queue_work        (with persistent and q_tma) the producer publishes each tile with its
                     TileWork in the tile queue's slot: consumers read no global memory to
                     start a tile (walk_queue_work).
-  narrow_diag       the first (diagonal) block's Q K^T on a 64 x {32, 64, 96, 128} wgmma:
-                    only the key columns some row of the tile sees (narrow_first_qk).
   v_warp            (with queue_work) the producer warpgroup's second warp issues the V
                     loads (walk_v_loads); the first keeps Q, K and the queue.
   wide_box          one K/V TMA box per page (or box_n rows) for all of D, over the cache's
@@ -60,12 +55,11 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
 
 from vllm_fa4.kernels.barriers import turn_pass, turn_wait, turns_begin, wg_sync
-from vllm_fa4.kernels.config import KernelConfig, KernelKey, tile_geometry
+from vllm_fa4.kernels.config import KV_STAGES, KernelConfig, KernelKey, tile_geometry
 from vllm_fa4.kernels.epilogue import write_output
 from vllm_fa4.kernels.mask import apply_causal_mask
 from vllm_fa4.kernels.paged_kv import (
     D_CHUNK,
-    L2_EVICT_LAST,
     issue_paged_tile,
     kv_smem_order,
     load_paged_tile,
@@ -140,13 +134,12 @@ class KvPool:
 @dataclass
 class KvSource:
     """Where one of K and V comes from and goes to: its pipeline, TMA atom and partitioned
-    views (partition_pool_tiles, or with `wide_box` partition_slot_boxes), cache policy."""
+    views (partition_pool_tiles, or with `wide_box` partition_slot_boxes)."""
 
     pipe: pipeline.PipelineTmaAsync
     atom: cute.CopyAtom
     smem: cute.Tensor
     gmem: cute.Tensor
-    policy: Optional[cutlass.Int64]  # L2 hint (`kv_evict_last`) or None
     boxes_per_block: Optional[Int32]  # `wide_box`: slot boxes per cache block, else None
 
 
@@ -195,7 +188,7 @@ class Sm90PagedPrefill:
         self.page_size = key.page_size
         # (tile_n, box_n, page_size): the trailing arguments of the paged_kv helpers
         self.paged_tile_geometry = (self.tile_n, self.box_n, self.page_size)
-        self.stages = cfg.kv_stages
+        self.stages = KV_STAGES
         self.num_mma_threads = 128 * cfg.mma_wgs
         self.turns = cfg.mma_wgs if cfg.pingpong else 0  # warpgroups taking turns (barriers.py)
         # `queue_work`: the TileWork fields a tile-queue slot carries after the tile index
@@ -681,7 +674,7 @@ class Sm90PagedPrefill:
     ):
         """Acquire the stage and issue a K or V tile; `q_boxes(mbar)` (`q_tma`, the tile's
         first K) puts the tile's Q on the same mbarrier first."""
-        pipe, atom, tXs, tXg, policy = src.pipe, src.atom, src.smem, src.gmem, src.policy
+        pipe, atom, tXs, tXg = src.pipe, src.atom, src.smem, src.gmem
         pipe.producer_acquire(state)
         mbar = pipe.producer_get_barrier(state)
         if cutlass.const_expr(q_boxes is not None):
@@ -698,7 +691,6 @@ class Sm90PagedPrefill:
                 state.index,
                 mbar,
                 *self.paged_tile_geometry,
-                policy,
                 src.boxes_per_block,
             )
         else:
@@ -711,7 +703,6 @@ class Sm90PagedPrefill:
                 state.index,
                 mbar,
                 *self.paged_tile_geometry,
-                policy,
                 src.boxes_per_block,
             )
 
@@ -722,7 +713,7 @@ class Sm90PagedPrefill:
             tXs, tXg = partition_slot_boxes(atom, mX_tma, sX, kv_head, self.box_n, tile_shape)
         else:
             tXs, tXg = partition_pool_tiles(atom, mX_tma, sX, kv_head, self.box_n)
-        return KvSource(pipe, atom, tXs, tXg, self._kv_policy(), boxes_per_block)
+        return KvSource(pipe, atom, tXs, tXg, boxes_per_block)
 
     @cute.jit
     def produce(
@@ -785,12 +776,6 @@ class Sm90PagedPrefill:
             q_state.advance()
             return state, q_state
         return state
-
-    def _kv_policy(self):
-        """The K/V loads' L2 cache policy operand (`kv_evict_last`), or None: no hint."""
-        if self.cfg.kv_evict_last:
-            return cutlass.Int64(L2_EVICT_LAST)
-        return None
 
     @cute.jit
     def issue_blocks(self, srcs, state, ctx, n_max: Int32, n_min: Int32, q_boxes=None):
@@ -912,18 +897,6 @@ class Sm90PagedPrefill:
         if next_tile < tile_args[0].shape[0]:
             self.issue_q(tile_work(*tile_args, next_tile), mQ, sQ, tidx, wg)
         return next_tile, queue_state
-
-    @cute.jit
-    def wait_turn_stage(self, pipe, state, wg: Int32):
-        """Wait for a K/V stage inside a ping-pong loop. With `single_poller` only the first
-        warpgroup polls the stage's mbarrier: the second issues its GEMMs on that stage only
-        after the first has passed it the turn, which the first does after its own wait, so
-        the data is there; the second then stays off the mbarrier (FA3 does the same)."""
-        if cutlass.const_expr(self.cfg.single_poller):
-            if wg == 0:
-                pipe.consumer_wait(state)
-        else:
-            pipe.consumer_wait(state)
 
     @cute.jit
     def zero_v_tail(self, sV: cute.Tensor, stage: Int32, first_row: Int32, tidx: Int32, wg):
@@ -1079,10 +1052,9 @@ class Sm90PagedPrefill:
             g.tScS, work, diag, row_max, row_sum, row_scale, scale_log2, feats
         )
 
-        pp = self.cfg.pingpong
         if n_count > 0:
-            self.first_block(g, tSrQ, work, state, softmax_args, (sK, sV), pipe_k, pipe_v, tidx, wg)
-            if cutlass.const_expr(not self.cfg.overlap and not pp):
+            self.first_block(g, tSrQ, work, state, softmax_args, sV, pipe_k, pipe_v, tidx, wg)
+            if cutlass.const_expr(not self.cfg.overlap):
                 tOrP, tOrVt, tSrK = g.tOrP, g.tOrVt, g.tSrK
                 _wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False, 0)
                 pipe_v.consumer_release(state)
@@ -1102,31 +1074,6 @@ class Sm90PagedPrefill:
                     )
                     pipe_v.consumer_release(state)
                     state.advance()
-            elif cutlass.const_expr(not self.cfg.overlap):
-                # Ping-pong without intra-WG overlap: one turn = {P_{j+1} V_{j+1}, S_j}; the
-                # softmax of S_j then runs while the other warpgroup issues its turn.
-                tOrP, tOrVt, tSrK = g.tOrP, g.tOrVt, g.tSrK
-                state_v = state.clone()
-                state.advance()
-                for i in cutlass.range(1, n_count, unroll=1):
-                    n_block = n_max - 1 - i
-                    self.wait_turn_stage(pipe_k, state, wg)
-                    acc_S = self.new_acc_S(g)
-                    turn_wait(self.turns, wg)
-                    _wgmma(
-                        tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state_v.index], False, -1
-                    )
-                    _wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True, -1)
-                    turn_pass(self.turns, wg)
-                    warpgroup.wait_group(0)
-                    pipe_v.consumer_release(state_v)
-                    pipe_k.consumer_release(state)
-                    self.softmax_block(acc_S, n_block, *softmax_args)
-                    self.rescale_o(acc_O, row_scale)
-                    tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
-                    state.advance()
-                    state_v.advance()
-                    self.wait_turn_stage(pipe_v, state_v, wg)
             else:
                 # V of block j+1 sits in state_v, one stage behind K's state.
                 state_v = state.clone()
@@ -1142,8 +1089,8 @@ class Sm90PagedPrefill:
             # Every Q K^T of the tile is done; a staged epilogue still writes O into the stage.
             if cutlass.const_expr(self.cfg.q_tma and not self.cfg.smem_epilogue):
                 self.free_q_stage(q_empty, q_stage)
-            if cutlass.const_expr(self.cfg.overlap or pp):
-                # The last block's P V, left in flight by both overlapped loops.
+            if cutlass.const_expr(self.cfg.overlap):
+                # The last block's P V, left in flight by the overlapped loop.
                 self.last_pv(g, state_v, pipe_v, wg, row_scale)
         elif cutlass.const_expr(self.cfg.q_prefetch):  # empty tile: nothing read sQ
             next_tile, queue_state = self.prefetch_next_q(
@@ -1242,42 +1189,18 @@ class Sm90PagedPrefill:
             self.zero_v_tail(sV, state.index, valid_rows, tidx, wg)
 
     @cute.jit
-    def first_block(self, g, tSrQ, work, state, softmax_args, sKV, pipe_k, pipe_v, tidx, wg):
+    def first_block(self, g, tSrQ, work, state, softmax_args, sV, pipe_k, pipe_v, tidx, wg):
         """A tile's first block on its own: S = Q K^T in a turn of its own, then its softmax
-        with nothing in flight; leaves P in g.tOrP and waits for the block's V. sKV = (sK,
-        sV)."""
-        sK, sV = sKV
+        with nothing in flight; leaves P in g.tOrP and waits for the block's V."""
         n_block = work.n_block_max - 1
         pipe_k.consumer_wait(state)
         acc_S = self.new_acc_S(g)
         turn_wait(self.turns, wg)
-        if cutlass.const_expr(self.cfg.narrow_diag):
-            self.narrow_first_qk(g, tSrQ, acc_S, sK, work, n_block, state.index, wg)
-        else:
-            self.lone_qk(g, tSrQ, acc_S, state.index, wg)
+        self.lone_qk(g, tSrQ, acc_S, state.index, wg)
         pipe_k.consumer_release(state)
         self.first_softmax(acc_S, n_block, softmax_args)
         g.tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
         self.wait_first_v(sV, work, n_block, state, pipe_v, tidx, wg)
-
-    @cute.jit
-    def narrow_first_qk(self, g, tSrQ, acc_S, sK, work, n_block, stage: Int32, wg: Int32):
-        """`narrow_diag`: S = Q K^T of a tile's first (diagonal) block over only the key
-        columns some row of the tile sees, rounded up to 32 (a 64 x {32, 64, 96, 128} wgmma
-        picked at run time); the columns past them are set to -inf, which the causal mask
-        would make of them anyway. Passes the turn and waits for S in each arm, so no wgmma
-        is in flight at the join."""
-        last_token = cutlass.min(work.first_token + self.tokens_per_tile, work.q_len) - 1
-        cols = work.k_len - work.q_len + last_token + 1 - n_block * self.tile_n
-        quarters = (cols + 31) // 32  # 1..4 (<= 0 only in an empty tile, never stored)
-        if quarters <= 1:
-            self.qk_columns(32, tSrQ, acc_S, sK, stage, wg)
-        elif quarters == 2:
-            self.qk_columns(64, tSrQ, acc_S, sK, stage, wg)
-        elif quarters == 3:
-            self.qk_columns(96, tSrQ, acc_S, sK, stage, wg)
-        else:
-            self.lone_qk(g, tSrQ, acc_S, stage, wg)
 
     @cute.jit
     def lone_qk(self, g, tSrQ, acc_S, stage: Int32, wg: Int32):
@@ -1288,29 +1211,11 @@ class Sm90PagedPrefill:
         warpgroup.wait_group(0)
 
     @cute.jit
-    def qk_columns(self, n: cutlass.Constexpr[int], tSrQ, acc_S, sK, stage: Int32, wg: Int32):
-        """S[:, :n] = Q K[:n]^T with a 64 x n wgmma, S[:, n:] = -inf (a 64 x n accumulator
-        holds the first n / 2 values of a 64 x tile_n one: column groups of 8 are its outer
-        mode); passes the turn and waits."""
-        mma = self.qk_mma(n)
-        wg_mma = mma.get_slice(wg * 128)
-        sKn = cute.local_tile(sK, (n, self.head_dim, self.stages), (0, 0, 0))
-        tSrKn = wg_mma.make_fragment_B(wg_mma.partition_B(sKn))
-        # An accumulator of its own (a view into acc_S's registers makes ptxas serialize
-        # every wgmma of the kernel: C7511, "insufficient register resources").
-        acc_n = cute.make_rmem_tensor(mma.partition_shape_C((self.tile_m, n)), Float32)
-        _wgmma(mma, acc_n, tSrQ, tSrKn[None, None, None, stage], True, -1)
-        turn_pass(self.turns, wg)
-        warpgroup.wait_group(0)
-        for i in cutlass.range_constexpr(cute.size(acc_S)):
-            acc_S[i] = acc_n[i] if i < cute.size(acc_n) else -Float32.inf
-
-    @cute.jit
     def overlap_step(self, g, tSrQ, n_block, state, state_v, softmax_args, pipe_k, pipe_v, wg):
         """One block of the overlapped loop: S_j = Q K_j^T and O += P_{j+1} V_{j+1} in one
         turn, the softmax of S_j under the P V. Returns the advanced (state, state_v)."""
         row_scale = softmax_args.row_scale
-        self.wait_turn_stage(pipe_k, state, wg)
+        pipe_k.consumer_wait(state)
         acc_S = self.new_acc_S(g)
         turn_wait(self.turns, wg)
         _wgmma(g.mma_qk, acc_S, tSrQ, g.tSrK[None, None, None, state.index], True, -1)
@@ -1338,7 +1243,7 @@ class Sm90PagedPrefill:
             computed_here(g.tOrP)
         state.advance()
         state_v.advance()
-        self.wait_turn_stage(pipe_v, state_v, wg)
+        pipe_v.consumer_wait(state_v)
         return state, state_v
 
     @cute.jit

@@ -17,27 +17,14 @@ ALL_CONFIGS = tuple(
     KernelConfig.parse(s)
     for s in (
         "base",
-        "pingpong",
-        "overlap",
-        "overlap+pingpong",
         "smem_epilogue",
-        "overlap+pingpong+smem_epilogue",
-        "pingpong+smem_epilogue",
-        "pingpong+max_box_n=64",
         "page_prefetch",
-        "pingpong+page_prefetch",
-        "pingpong+kv_stages=3",
-        "overlap+pingpong+page_prefetch+kv_stages=3",
         "persistent",
         "smem_epilogue+persistent",
-        "overlap+pingpong+persistent",
         "overlap+pingpong+softmax_per_arm",
         "overlap+pingpong+persistent+softmax_per_arm",
         "persistent+q_prefetch",
         "overlap+pingpong+persistent+q_prefetch+softmax_per_arm",
-        # FA3's habits, measured neutral (docs/perf-notes.md, session 5): opt-in only
-        "overlap+pingpong+persistent+q_prefetch+softmax_per_arm+kv_evict_last+single_poller",
-        "pingpong+page_prefetch+kv_evict_last+single_poller",
         # FA4's conditional rescaling (session 7)
         "overlap+pingpong+persistent+q_prefetch+softmax_per_arm+lazy_max",
         "overlap+pingpong+persistent+softmax_per_arm+lazy_max",
@@ -51,9 +38,6 @@ ALL_CONFIGS = tuple(
         "persistent+q_tma",
         "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma",
         "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+mma_wgs=3",
-        # the first block's Q K^T over only the columns the tile sees (session 10)
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+narrow_diag",
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+narrow_diag+mma_wgs=3",
         # the producer hands each tile over with its TileWork (session 10)
         "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work",
         "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+mma_wgs=3",
