@@ -72,12 +72,14 @@ def _key_for(spec: str, key):
 
 
 def _cases(which: str, specs: list[str], key=DEFAULT_KEY):
+    from vllm_fa4.kernels.config import DEBUG_BASELINE
+
     for spec in specs:
         yield _key_for(spec, key), spec, False
-    yield key, "base", True
+    yield key, DEBUG_BASELINE.spec, True
     if which == "all":
         for key in OTHER_KEYS:
-            yield key, "base", False
+            yield key, DEBUG_BASELINE.spec, False
 
 
 def _case_name(key, spec: str, has_lse: bool) -> str:

@@ -3,7 +3,7 @@
 once, so a timed GPU session does not spend its minutes compiling one kernel after another.
 
     python tools/precompile.py --model llama-3.2-1b --pages 16,128 \\
-        --configs "default overlap+pingpong+mma_wgs=3" [--window-left 127] [--sinks] \\
+        --configs "default queue+overlap+mma_wgs=3" [--window-left 127] [--sinks] \\
         [--lse no|yes|both] [-j 8]
 
 ``default`` stands for the key's serving configs (every config the plan can pick). Each

@@ -1,11 +1,12 @@
 """Every work tile runs exactly once, under both tile schedulers: one CTA per tile, and the
 persistent grid whose CTAs claim tiles from the atomic counter (tile_scheduler.TileQueue).
 
-The kernels are built with the test-only ``count_visits`` flag: after a tile's epilogue one
-consumer thread adds 1 to the tile's cost column of ``work_tiles``, so after a launch every
-row's cost must have grown by exactly 1. The outputs are checked against the fp32 reference
-too (a skipped tile leaves NaN rows), and the tile counter must be back at zero, so the
-next launch on the stream (the next layer) starts fresh; the second launch checks that.
+The kernels are built with the test-only ``count_visits`` field (no spec can set it): after
+a tile's epilogue one consumer thread adds 1 to the tile's cost column of ``work_tiles``, so
+after a launch every row's cost must have grown by exactly 1. The outputs are checked against
+the fp32 reference too (a skipped tile leaves NaN rows), and the tile counter must be back at
+zero, so the next launch on the stream (the next layer) starts fresh; the second launch checks
+that.
 """
 
 import dataclasses
@@ -18,24 +19,22 @@ from vllm_fa4.kernels.config import KernelConfig
 pytestmark = pytest.mark.gpu
 
 SCHEDULERS = [
-    "base",
-    "persistent",
-    "overlap+pingpong+persistent+softmax_per_arm",
-    "persistent+q_prefetch",
-    "overlap+pingpong+persistent+q_prefetch+softmax_per_arm",
+    "one_per_cta+serial",
+    "queue+serial",
+    "queue+overlap",
+    "queue+serial+q_prefetch",
+    "queue+overlap+q_prefetch",
     # three consumer warpgroups (head dim 64 only): three turns, 192-row tiles
-    "overlap+pingpong+persistent+q_prefetch+softmax_per_arm+mma_wgs=3",
+    "queue+overlap+q_prefetch+mma_wgs=3",
     # Q by the producer's TMA into a two-stage ring, a tile ahead of the consumers
-    "persistent+q_tma",
-    "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma",
-    # the first block's Q K^T on a 64 x {32, 64, 96, 128} wgmma picked per tile
-    "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+narrow_diag",
+    "queue+serial+q_tma",
+    "queue+overlap+q_tma+lazy_max",
     # tiles handed over with their TileWork (the CTA's first tile through the queue too)
-    "persistent+q_tma+queue_work",
-    "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work",
+    "queue_with_work+serial+q_tma",
+    "queue_with_work+overlap+q_tma+lazy_max",
     # V loads by a second producer warp that takes the tiles from the queue too
-    "persistent+q_tma+queue_work+v_warp",
-    "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+v_warp",
+    "queue_with_work+serial+q_tma+v_warp",
+    "queue_with_work+overlap+q_tma+v_warp+lazy_max",
 ]
 
 # (specs, Hq, Hkv, num_ctas: None = min(tiles, SMs))

@@ -758,13 +758,13 @@ def test_schedule_sim_orders_the_assignments():
 
 def test_precompile_lists_the_serving_configs_and_drops_unsupported():
     precompile = _load("precompile", ROOT / "tools" / "precompile.py")
-    from vllm_fa4.kernels.config import PERSISTENT_OVERLAP_QPF_3WG, KernelConfig
+    from vllm_fa4.kernels.config import KernelConfig, serving_configs
 
-    two = "overlap+pingpong+persistent+softmax_per_arm"
+    two = "one_per_cta+overlap"
     args = argparse.Namespace(
         model="gpt-oss-20b",
         pages="16,128",
-        configs=f"default {two} overlap+mma_wgs=3",
+        configs=f"default {two} queue+overlap+mma_wgs=3",
         dtype="bfloat16",
         window_left=127,
         softcap=False,
@@ -777,12 +777,10 @@ def test_precompile_lists_the_serving_configs_and_drops_unsupported():
     assert all(k.head_dim == 64 and k.qhead_per_kvhead == 8 for k in keys)
     assert all(k.sliding_window and k.sinks and not k.softcap for k in keys)
     configs = {job[1] for job in jobs}
-    assert configs == {
-        PERSISTENT_OVERLAP_QPF_3WG,
-        KernelConfig.parse(two),
-        KernelConfig.parse("overlap+mma_wgs=3"),
-    }
+    (served,) = {serving_configs(key).all for key in keys}  # "default": the key's picks
+    assert configs == {*served, KernelConfig.parse(two), KernelConfig.parse("overlap+mma_wgs=3")}
+    assert len(served) == 1 and KernelConfig.parse(two) not in served
     assert len(jobs) == 2 * 3 * 2  # pages x configs x lse, no duplicates
     # a config that cannot build the key is dropped, not compiled into an error
-    args.model, args.configs = "llama-3.1-8b", "overlap+mma_wgs=3 base"
+    args.model, args.configs = "llama-3.1-8b", "overlap+mma_wgs=3 queue+overlap"
     assert {job[1] for job in precompile.jobs(args)} == {KernelConfig()}

@@ -122,11 +122,7 @@ def test_forced_reference_warns_when_kernel_exists(fake_sm90, monkeypatch, caplo
     [
         (KernelKey("bfloat16", 96, 16, 4, True), CONFIG, "head dim 96"),
         (KernelKey("bfloat16", 128, 16, 256, True), CONFIG, "GQA group size 256"),
-        (
-            KEY,
-            KernelConfig.parse("softmax_per_arm"),
-            "'overlap', 'pingpong' and 'softmax_per_arm' go",
-        ),
+        (KEY, KernelConfig.parse("v_warp"), "'v_warp' needs 'queue_with_work'"),
     ],
 )
 def test_no_kernel_on_gpu_is_an_error_not_a_fallback(fake_sm90, key, config, words):

@@ -93,13 +93,13 @@ def test_nonsense_variant_is_refused_at_backend_selection(monkeypatch):
     (reason,) = validate()
     assert reason.startswith("FA4: VLLM_FA4_VARIANT='turbo+pingpnog'")
     assert "'turbo'" in reason
-    for spelling in _valid_spellings():  # base, overlap, pingpong, ..., mma_wgs=N
+    for spelling in _valid_spellings():  # one_per_cta, queue, ..., mma_wgs=N
         assert spelling in reason
 
 
 def test_nonsense_variant_is_refused_by_the_builder(monkeypatch, vllm_config):
     monkeypatch.setenv(envs.VARIANT, "fastest")
-    with pytest.raises(ValueError, match="VLLM_FA4_VARIANT='fastest'.*valid: base, overlap"):
+    with pytest.raises(ValueError, match="VLLM_FA4_VARIANT='fastest'.*valid: one_per_cta, queue"):
         make_builder(vllm_config)
 
 

@@ -12,7 +12,13 @@ import logging
 import time
 
 from vllm_fa4 import envs
-from vllm_fa4.kernels.config import DEFAULT_CONFIG, KernelConfig, KernelKey, check_features
+from vllm_fa4.kernels.config import (
+    DEFAULT_CONFIG,
+    KernelConfig,
+    KernelKey,
+    KvBox,
+    check_features,
+)
 from vllm_fa4.kernels.launch import LaunchArgs
 
 envs.default_cute_dsl_arch()
@@ -154,7 +160,7 @@ def prefill_forward(
     when ``key`` has the matching flag (docs/contracts.md).
     """
     check_features(key, window_left, softcap, sinks)
-    if config.wide_box:
+    if config.kv_box is KvBox.WIDE:
         check_slot_boxes(k_cache, config.box_n(key))
     fn = get_kernel(key, config, lse is not None)
     if num_ctas is None:

@@ -1,44 +1,25 @@
 """SM90 (Hopper) paged, varlen, causal GQA prefill forward kernel in CuTe-DSL.
 
-One CTA per work tile (batch, kv_head, m_block), or with `persistent` min(tiles, SMs) CTAs
-that claim tiles of the ordered list as they become free. 1 + `mma_wgs` warpgroups:
+One CTA per work tile (batch, kv_head, m_block), or on a persistent grid min(tiles, SMs)
+CTAs that take tiles of the ordered list as they become free. 1 + `mma_wgs` warpgroups:
   WG0  producer: warp 0 issues per-page K/V TMA boxes into a two-stage ring
        (one PipelineTmaAsync for K, one for V), registers lowered to `producer_regs`.
-  WG1 .. consumers (2, or 3 at head dim 64): 64 packed (token, q-head) rows each; load
-       their Q rows with cp.async (with `q_tma` the producer loads Q by TMA), then per KV
-       block (last block first): S = Q K^T (SS wgmma), causal mask on the diagonal blocks,
-       online softmax (exp2), O += P V (RS wgmma, P from registers). Epilogue: normalize,
-       predicated direct stores of O and LSE.
+  WG1 .. consumers (2, or 3 at head dim 64): 64 packed (token, q-head) rows each; Q rows
+       loaded by cp.async (or by the producer's TMA), then per KV block (last block first):
+       S = Q K^T (SS wgmma), causal mask on the diagonal blocks, online softmax (exp2),
+       O += P V (RS wgmma, P from registers). Epilogue: normalize, store O and LSE.
 
-Compile-time variants (KernelConfig):
-  overlap           S_j = Q K_j^T and O += P_{j+1} V_{j+1} are issued back to back and the
-                    softmax of S_j runs while the P V GEMM is in flight.
-  pingpong          the consumer warpgroups take turns issuing GEMMs (barriers.py), so
-                    one warpgroup's softmax runs under the others' GEMMs. Without
-                    intra_wg_overlap a turn is {P_{j+1} V_{j+1}, S_j}.
-  smem_epilogue     O staged through the warpgroup's slice of sQ, 16-byte row stores.
-  persistent        producer and consumers loop over tiles with pipeline states carried
-                    across them: the next tile's K/V loads overlap this tile's last blocks
-                    and epilogue, and the CTA start-up cost is paid once per SM. Tiles are
-                    claimed in list order from a global atomic counter
-                    (tile_scheduler.TileQueue).
-  softmax_per_arm   (with overlap) the softmax sits in both arms of the mask branch, which
-                    keeps ptxas from hoisting the P V wait above it (softmax_block).
-  pv_wait_mid       (with softmax_per_arm) the P V wait after the first row's
-                    exponentials; the second row's and P's packing follow it in one basic
-                    block, O's rescale moves to the next block's turn (overlap_step).
-  q_prefetch        (with persistent) the consumers issue the next tile's Q copies after
-                    their last Q K^T.
-  q_tma             the producer loads Q with TMA into a two-stage ring, on the tile's first
-                    K mbarrier; the consumers free a stage with one arrive per warp. The
-                    consumer's tile body exists once per Q stage (constant addresses).
-  queue_work        (with persistent and q_tma) the producer publishes each tile with its
-                    TileWork in the tile queue's slot: consumers read no global memory to
-                    start a tile (walk_queue_work).
-  v_warp            (with queue_work) the producer warpgroup's second warp issues the V
-                    loads (walk_v_loads); the first keeps Q, K and the queue.
-  wide_box          one K/V TMA box per page (or box_n rows) for all of D, over the cache's
-                    token slots (paged_kv.slot_view); sK/sV in kv_smem_order.
+The config's axes (kernels/config.py describes each value) and where they live here:
+  tiles       walk_tiles (ONE_PER_CTA: one tile; QUEUE: TileQueue.claim/publish/receive),
+              walk_queue_work (QUEUE_WITH_WORK), walk_v_loads (v_warp)
+  q_load      load_q / issue_q (CP_ASYNC), prefetch_next_q (PREFETCH), issue_q_boxes and
+              free_q_stage (TMA: the consumer's tile body exists once per Q stage)
+  block_step  consume's serial loop (SERIAL) or overlap_step (OVERLAP, OVERLAP_PV_WAIT_MID);
+              ping-pong turns (barriers.py) with every overlapped step
+  kv_box      make_kv_tma, _kv_source (WIDE: paged_kv.slot_view, kv_smem_order)
+  page_read   _block_pages (BLOCK_AHEAD: paged_kv.read_block_pages)
+  epilogue    epilogue.write_output (STAGED: through the warpgroup's slice of sQ)
+  lazy_max    rescale_o and the softmax steps
 """
 
 from dataclasses import dataclass
@@ -55,7 +36,18 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
 
 from vllm_fa4.kernels.barriers import turn_pass, turn_wait, turns_begin, wg_sync
-from vllm_fa4.kernels.config import KV_STAGES, KernelConfig, KernelKey, tile_geometry
+from vllm_fa4.kernels.config import (
+    KV_STAGES,
+    BlockStep,
+    Epilogue,
+    KernelConfig,
+    KernelKey,
+    KvBox,
+    PageRead,
+    QLoad,
+    Tiles,
+    tile_geometry,
+)
 from vllm_fa4.kernels.epilogue import write_output
 from vllm_fa4.kernels.mask import apply_causal_mask
 from vllm_fa4.kernels.paged_kv import (
@@ -190,9 +182,18 @@ class Sm90PagedPrefill:
         self.paged_tile_geometry = (self.tile_n, self.box_n, self.page_size)
         self.stages = KV_STAGES
         self.num_mma_threads = 128 * cfg.mma_wgs
-        self.turns = cfg.mma_wgs if cfg.pingpong else 0  # warpgroups taking turns (barriers.py)
+        self.turns = cfg.turns  # warpgroups taking turns (barriers.py): ping-pong
+        # What the config's axes mean for this kernel, decided once.
+        self.q_tma = cfg.q_load is QLoad.TMA
+        self.q_prefetch = cfg.q_load is QLoad.PREFETCH
+        self.queue_work = cfg.tiles is Tiles.QUEUE_WITH_WORK
+        self.overlap = cfg.block_step is not BlockStep.SERIAL
+        self.pv_wait_mid = cfg.block_step is BlockStep.OVERLAP_PV_WAIT_MID
+        self.wide_box = cfg.kv_box is KvBox.WIDE
+        self.pages_ahead = cfg.page_read is PageRead.BLOCK_AHEAD
+        self.staged_epilogue = cfg.epilogue is Epilogue.STAGED
         # `queue_work`: the TileWork fields a tile-queue slot carries after the tile index
-        self.queue_work_words = queue_work_words(cfg.queue_work, key.sliding_window)
+        self.queue_work_words = queue_work_words(self.queue_work, key.sliding_window)
         assert self.tile_n % self.box_n == 0 and self.head_dim % D_CHUNK == 0
 
     # ---------------------------------------------------------------- host-side helpers
@@ -202,7 +203,7 @@ class Sm90PagedPrefill:
         atom = warpgroup.make_smem_layout_atom(
             sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, cols), self.dtype
         )
-        wide = kv and self.cfg.wide_box
+        wide = kv and self.wide_box
         if stages is None:
             return cute.tile_to_shape(atom, (rows, cols), kv_smem_order(wide, False))
         return cute.tile_to_shape(atom, (rows, cols, stages), kv_smem_order(wide, True))
@@ -210,7 +211,7 @@ class Sm90PagedPrefill:
     def make_kv_tma(self, mX: cute.Tensor, tma_op, boxes_per_block):
         """TMA atom and coordinate tensor of a K or V pool: per-chunk boxes over
         (row_in_page, D, head, page), or with `wide_box` whole-row boxes over the slots."""
-        if not self.cfg.wide_box:
+        if not self.wide_box:
             box_layout = self._smem_layout(self.box_n, D_CHUNK)
             return cpasync.make_tiled_tma_atom(
                 tma_op, pool_view(mX), box_layout, (self.box_n, D_CHUNK)
@@ -233,7 +234,7 @@ class Sm90PagedPrefill:
             fields["mbar_queue"] = mem[cutlass.Int64, TILE_QUEUE_STAGES * 2]
             words = 1 + len(self.queue_work_words)
             fields["queue_slots"] = mem[cutlass.Int32, TILE_QUEUE_STAGES * words]
-        if self.cfg.q_tma:
+        if self.q_tma:
             fields["mbar_q_empty"] = mem[cutlass.Int64, self.cfg.q_stages]
         for name, layout in (("sQ", sQ_layout), ("sK", sK_layout), ("sV", sV_layout)):
             fields[name] = align[mem[dt, cute.cosize(layout)], 1024]
@@ -296,14 +297,14 @@ class Sm90PagedPrefill:
         softcap: Float32,  # key.softcap: the cap (> 0)
         stream,
     ):
-        q_stages = self.cfg.q_stages if self.cfg.q_tma else None
+        q_stages = self.cfg.q_stages if self.q_tma else None
         sQ_layout = self._smem_layout(self.tile_m, self.head_dim, q_stages)
         sK_layout = self._smem_layout(self.tile_n, self.head_dim, self.stages, kv=True)
         sV_layout = self._smem_layout(self.tile_n, self.head_dim, self.stages, kv=True)
         self.storage_cls = self._storage_cls(sQ_layout, sK_layout, sV_layout)
 
         kv_boxes_per_block = None
-        if cutlass.const_expr(self.cfg.wide_box):
+        if cutlass.const_expr(self.wide_box):
             # Checked on the host (prefill_forward): the block stride is a whole number of
             # boxes of token slots. K and V share strides.
             s_blk, s_tok = mK.layout.stride[0], mK.layout.stride[1]
@@ -313,7 +314,7 @@ class Sm90PagedPrefill:
         tma_atom_V, mV_tma = self.make_kv_tma(mV, tma_op, kv_boxes_per_block)
 
         tma_atom_Q, mQ_tma = None, None
-        if cutlass.const_expr(self.cfg.q_tma):
+        if cutlass.const_expr(self.q_tma):
             tma_atom_Q, mQ_tma = self.make_q_tma(mQ, tma_op)
 
         mma_layout = (self.cfg.mma_wgs, 1, 1)
@@ -432,7 +433,7 @@ class Sm90PagedPrefill:
             for barriers in (storage.mbar_k, storage.mbar_v)
         )
         q_empty = None
-        if cutlass.const_expr(self.cfg.q_tma):
+        if cutlass.const_expr(self.q_tma):
             # Q's "full" is the tile's first K stage mbarrier (produce); "empty" takes one
             # arrive per consumer warp after the warp's last Q K^T.
             q_empty = storage.mbar_q_empty.data_ptr()
@@ -479,7 +480,7 @@ class Sm90PagedPrefill:
                 pool = KvPool(num_blocks, kv_boxes_per_block)
                 prod_args = (*prod_args, pool, pipe_k, pipe_v)
                 produce = self.produce
-                if cutlass.const_expr(self.cfg.q_tma):
+                if cutlass.const_expr(self.q_tma):
                     produce = partial(produce, q_load=QTmaLoad(tma_atom_Q, mQ_tma, sQ, q_empty))
                 state = pipeline.make_pipeline_state(
                     pipeline.PipelineUserType.Producer, self.stages
@@ -497,7 +498,7 @@ class Sm90PagedPrefill:
             cons_args = (mQ, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v)
             cons_args = (*cons_args, mSinks, window_left, softcap_prescale, scale_log2, tidx - 128)
             consume = self.consume
-            if cutlass.const_expr(self.cfg.q_tma):
+            if cutlass.const_expr(self.q_tma):
                 consume = partial(consume, q_empty=q_empty)
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             self.walk_tiles(consume, cons_args, state, tile_args, first_tile, queue, False)
@@ -520,19 +521,19 @@ class Sm90PagedPrefill:
         users = pipeline.PipelineUserType
         user = users.Producer if is_producer else users.Consumer
         q_state = None  # `q_tma`: the producer's Q ring state, carried like `state`
-        if cutlass.const_expr(self.cfg.q_tma and is_producer):
+        if cutlass.const_expr(self.q_tma and is_producer):
             q_state = pipeline.make_pipeline_state(user, self.cfg.q_stages)
         if cutlass.const_expr(self.cfg.persistent):
             tile = first_tile
             queue_state = pipeline.make_pipeline_state(user, TILE_QUEUE_STAGES)
             # Bound methods: the DSL's while would try to carry `queue` itself.
             claim, publish, receive = queue.claim, queue.publish, queue.receive
-            if cutlass.const_expr(self.cfg.q_prefetch and not is_producer):
+            if cutlass.const_expr(self.q_prefetch and not is_producer):
                 mQ, sQ, tidx = role_args[0], role_args[3], role_args[-1]
                 wg = cute.arch.make_warp_uniform(tidx // 128)
                 if tile < num_tiles:  # a grid larger than the list (tests) has idle CTAs
                     self.issue_q(tile_work(*tile_args, tile), mQ, sQ, tidx, wg)
-            if cutlass.const_expr(self.cfg.queue_work):
+            if cutlass.const_expr(self.queue_work):
                 self.walk_queue_work(
                     role,
                     role_args,
@@ -548,13 +549,13 @@ class Sm90PagedPrefill:
                 while tile < num_tiles:
                     if cutlass.const_expr(is_producer):
                         claimed = claim()  # in flight while this tile's loads issue
-                        if cutlass.const_expr(self.cfg.q_tma):
+                        if cutlass.const_expr(self.q_tma):
                             work = self.tile_work_q_tma(tile_args, tile)
                             state, q_state = role(work, *role_args, state, q_state=q_state)
                         else:
                             state = role(tile_work(*tile_args, tile), *role_args, state)
                         tile, queue_state = publish(claimed, queue_state)
-                    elif cutlass.const_expr(self.cfg.q_prefetch):
+                    elif cutlass.const_expr(self.q_prefetch):
                         done = tile
                         state, tile, queue_state = role(
                             tile_work(*tile_args, tile),
@@ -565,7 +566,7 @@ class Sm90PagedPrefill:
                             tile_args,
                         )
                         self._count_visit(tile_args[0], done)
-                    elif cutlass.const_expr(self.cfg.q_tma):
+                    elif cutlass.const_expr(self.q_tma):
                         # One copy of the tile per Q stage, so each reads its stage at a constant
                         # address: a runtime stage index (or any Q pipeline state live across the
                         # block loop) moves the wgmma descriptors out of the uniform registers, 4
@@ -586,7 +587,7 @@ class Sm90PagedPrefill:
                         tile, queue_state = receive(queue_state)
             if cutlass.const_expr(is_producer):
                 queue.finish()
-        elif cutlass.const_expr(self.cfg.q_tma):
+        elif cutlass.const_expr(self.q_tma):
             work = self.tile_work_q_tma(tile_args, first_tile)
             if cutlass.const_expr(is_producer):
                 role(work, *role_args, state, q_state=q_state)
@@ -665,7 +666,7 @@ class Sm90PagedPrefill:
         """With `page_prefetch`, this lane's share of block n_block's page-table entries
         (read_block_pages), read a block before its loads; otherwise None: the loads read
         them after the stage acquire."""
-        if not self.cfg.page_prefetch:
+        if not self.pages_ahead:
             return None
         return read_block_pages(page_row, k_len, num_blocks, n_block, *self.paged_tile_geometry)
 
@@ -708,7 +709,7 @@ class Sm90PagedPrefill:
 
     def _kv_source(self, pipe, atom, mX_tma, sX, kv_head, boxes_per_block) -> KvSource:
         """A tile's K or V source: its TMA views partitioned for the kv_head."""
-        if self.cfg.wide_box:
+        if self.wide_box:
             tile_shape = (self.tile_n, self.head_dim, self.stages)
             tXs, tXg = partition_slot_boxes(atom, mX_tma, sX, kv_head, self.box_n, tile_shape)
         else:
@@ -737,7 +738,7 @@ class Sm90PagedPrefill:
         first, with `q_tma` its Q on the first K's mbarrier; returns the advanced state (and
         Q's)."""
         q_boxes = None
-        if cutlass.const_expr(self.cfg.q_tma):
+        if cutlass.const_expr(self.q_tma):
             # The consumers freed this Q stage after their last Q K^T two tiles ago.
             cute.arch.mbarrier_wait(q_load.empty + q_state.index, q_state.phase)
             q_boxes = partial(self.issue_q_boxes, work, q_load, q_state.index)
@@ -746,7 +747,7 @@ class Sm90PagedPrefill:
         k_src = self._kv_source(pipe_k, tma_atom_K, mK_tma, sK, head, boxes)
         v_src = self._kv_source(pipe_v, tma_atom_V, mV_tma, sV, head, boxes)
         n_max, n_min = work.n_block_max, work.n_block_min
-        if cutlass.const_expr(self.cfg.v_warp or not self.cfg.overlap):
+        if cutlass.const_expr(self.cfg.v_warp or not self.overlap):
             # Block by block: K, then V unless the second warp loads it (`v_warp`, produce_v)
             srcs = (k_src,) if cutlass.const_expr(self.cfg.v_warp) else (k_src, v_src)
             state = self.issue_blocks(srcs, state, ctx, n_max, n_min, q_boxes)
@@ -772,7 +773,7 @@ class Sm90PagedPrefill:
                     state.advance()
                     state_v.advance()
                 self._load_tile(v_src, state_v, *ctx, n_min, pages)
-        if cutlass.const_expr(self.cfg.q_tma):
+        if cutlass.const_expr(self.q_tma):
             q_state.advance()
             return state, q_state
         return state
@@ -964,7 +965,7 @@ class Sm90PagedPrefill:
 
         `pv_wait_mid` (neg_shift given): the arms end after the first row's exponentials
         (softmax_head); the caller waits for P V and then runs softmax_rest."""
-        per_arm = self.cfg.softmax_per_arm
+        per_arm = self.overlap
         lazy = self.cfg.lazy_max
         if cutlass.const_expr(neg_shift is not None):
             head = (acc_S, row_max, row_sum, row_scale, neg_shift, scale_log2, lazy)
@@ -1024,15 +1025,15 @@ class Sm90PagedPrefill:
         wg = cute.arch.make_warp_uniform(tidx // 128)
         g = self.block_gemms(sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, tidx)
         tSrQ = g.tSrQ
-        if cutlass.const_expr(self.cfg.q_tma):
+        if cutlass.const_expr(self.q_tma):
             tSrQ = tSrQ[None, None, None, q_stage]
         acc_O = g.acc_O
         num_rows = cute.size(acc_rows_view(acc_O), mode=[0])
 
         # With `q_tma` Q lands with the first K block (its wait below).
-        if cutlass.const_expr(self.cfg.q_prefetch):
+        if cutlass.const_expr(self.q_prefetch):
             self.wait_q(wg)
-        elif cutlass.const_expr(not self.cfg.q_tma):
+        elif cutlass.const_expr(not self.q_tma):
             self.load_q(work, mQ, sQ, tidx, wg)
         next_tile = Int32(0)  # q_prefetch only
 
@@ -1054,7 +1055,7 @@ class Sm90PagedPrefill:
 
         if n_count > 0:
             self.first_block(g, tSrQ, work, state, softmax_args, sV, pipe_k, pipe_v, tidx, wg)
-            if cutlass.const_expr(not self.cfg.overlap):
+            if cutlass.const_expr(not self.overlap):
                 tOrP, tOrVt, tSrK = g.tOrP, g.tOrVt, g.tSrK
                 _wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False, 0)
                 pipe_v.consumer_release(state)
@@ -1082,31 +1083,31 @@ class Sm90PagedPrefill:
                     state, state_v = self.overlap_step(
                         g, tSrQ, n_max - 1 - i, state, state_v, softmax_args, pipe_k, pipe_v, wg
                     )
-            if cutlass.const_expr(self.cfg.q_prefetch):  # every Q K^T of the tile is done
+            if cutlass.const_expr(self.q_prefetch):  # every Q K^T of the tile is done
                 next_tile, queue_state = self.prefetch_next_q(
                     receive, queue_state, tile_args, mQ, sQ, tidx, wg
                 )
             # Every Q K^T of the tile is done; a staged epilogue still writes O into the stage.
-            if cutlass.const_expr(self.cfg.q_tma and not self.cfg.smem_epilogue):
+            if cutlass.const_expr(self.q_tma and not self.staged_epilogue):
                 self.free_q_stage(q_empty, q_stage)
-            if cutlass.const_expr(self.cfg.overlap):
+            if cutlass.const_expr(self.overlap):
                 # The last block's P V, left in flight by the overlapped loop.
                 self.last_pv(g, state_v, pipe_v, wg, row_scale)
-        elif cutlass.const_expr(self.cfg.q_prefetch):  # empty tile: nothing read sQ
+        elif cutlass.const_expr(self.q_prefetch):  # empty tile: nothing read sQ
             next_tile, queue_state = self.prefetch_next_q(
                 receive, queue_state, tile_args, mQ, sQ, tidx, wg
             )
 
         sO = sQ  # the staged epilogue's buffer: the warpgroup's rows of (this tile's) Q
-        if cutlass.const_expr(self.cfg.q_tma):
+        if cutlass.const_expr(self.q_tma):
             sO = sQ[None, None, q_stage]
         out = (mO, mLSE, mSinks, sO)
         self.epilogue(work, out, g, row_max, row_sum, scale_log2, tidx, wg)
-        if cutlass.const_expr(self.cfg.q_tma and self.cfg.smem_epilogue):
+        if cutlass.const_expr(self.q_tma and self.staged_epilogue):
             # The stage's generic-proxy reads and writes come before the producer's TMA.
             cute.arch.fence_view_async_shared()
             self.free_q_stage(q_empty, q_stage)
-        if cutlass.const_expr(self.cfg.q_prefetch):
+        if cutlass.const_expr(self.q_prefetch):
             return state, next_tile, queue_state
         return state
 
@@ -1165,7 +1166,7 @@ class Sm90PagedPrefill:
             self.qhead_per_kvhead,
             self.tokens_per_tile,
             self.has_lse,
-            self.cfg.smem_epilogue,
+            self.staged_epilogue,
             mSinks,
         )
 
@@ -1219,19 +1220,19 @@ class Sm90PagedPrefill:
         acc_S = self.new_acc_S(g)
         turn_wait(self.turns, wg)
         _wgmma(g.mma_qk, acc_S, tSrQ, g.tSrK[None, None, None, state.index], True, -1)
-        if cutlass.const_expr(self.cfg.pv_wait_mid):
+        if cutlass.const_expr(self.pv_wait_mid):
             self.rescale_o(g.acc_O, row_scale)  # the previous block's, under this Q K^T
         _wgmma(g.mma_pv, g.acc_O, g.tOrP, g.tOrVt[None, None, None, state_v.index], False, -1)
         turn_pass(self.turns, wg)
         warpgroup.wait_group(1)  # S_j done; P_{j+1} V_{j+1} may still run
         pipe_k.consumer_release(state)
         neg_shift = None
-        if cutlass.const_expr(self.cfg.pv_wait_mid):
+        if cutlass.const_expr(self.pv_wait_mid):
             neg_shift = cute.make_rmem_tensor(cute.size(row_scale), Float32)
         self.softmax_block(acc_S, n_block, *softmax_args, neg_shift=neg_shift)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(state_v)
-        if cutlass.const_expr(self.cfg.pv_wait_mid):
+        if cutlass.const_expr(self.pv_wait_mid):
             # O's rescale waits for the next block's turn (above, or last_pv): its branch
             # here would split the other rows' exponentials from P's packing, which ptxas
             # then cannot interleave.
@@ -1239,7 +1240,7 @@ class Sm90PagedPrefill:
         else:
             self.rescale_o(g.acc_O, row_scale)
         g.tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
-        if cutlass.const_expr(self.cfg.pv_wait_mid):
+        if cutlass.const_expr(self.pv_wait_mid):
             computed_here(g.tOrP)
         state.advance()
         state_v.advance()
@@ -1251,7 +1252,7 @@ class Sm90PagedPrefill:
         """A tile's last P V in a turn of its own (the overlapped loops leave it in flight);
         with `pv_wait_mid` after the last block's rescale of O."""
         turn_wait(self.turns, wg)
-        if cutlass.const_expr(self.cfg.pv_wait_mid):
+        if cutlass.const_expr(self.pv_wait_mid):
             self.rescale_o(g.acc_O, row_scale)
         _wgmma(g.mma_pv, g.acc_O, g.tOrP, g.tOrVt[None, None, None, state_v.index], False, -1)
         turn_pass(self.turns, wg)
