@@ -7,7 +7,8 @@ import argparse
 
 import torch
 
-from vllm_fa4.kernels.config import DEBUG_BASELINE, serving_configs
+from vllm_fa4.kernels.config import DEBUG_BASELINE
+from vllm_fa4.paged_prefill.policy import serving_configs
 from vllm_fa4.paged_prefill.run import run_prefill
 from vllm_fa4.testing import cases
 

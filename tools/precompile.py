@@ -36,7 +36,8 @@ def jobs(args) -> list:
     """The (key, config, has_lse) triples the options name (unsupported configs dropped)."""
     from _common import MODELS
 
-    from vllm_fa4.kernels.config import KernelConfig, KernelKey, serving_configs
+    from vllm_fa4.kernels.config import KernelConfig, KernelKey
+    from vllm_fa4.paged_prefill.policy import serving_configs
 
     shape = MODELS[args.model]
     lse = {"no": (False,), "yes": (True,), "both": (False, True)}[args.lse]

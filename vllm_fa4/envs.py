@@ -1,7 +1,7 @@
 """Every environment variable vllm-fa4 reads, read here and nowhere else in the package.
 
 VLLM_FA4_VARIANT        kernel config spec (``KernelConfig.parse``), read by the metadata
-                        builder at startup; unset: each key's ``serving_configs``
+                        builder at startup; unset: each key's ``policy.serving_configs``
 VLLM_FA4_PREFILL_ROUTE  ``auto`` / ``kernel`` / ``reference`` (``paged_prefill.route``)
 VLLM_FA4_CACHE_DIR      compiled-kernel disk cache (``kernels.cache``; default
                         ``~/.cache/vllm_fa4/kernels``)
@@ -13,14 +13,13 @@ VLLM_FA4_FUZZ_SEED      base seed of the fuzz suite's batches; default 0
 VLLM_FA4_FUZZ_REPLAY    one fuzz batch as JSON (printed by a failure): run only that batch
 
 Each function reads the environment when called, so a test can set a variable and call again.
+A leaf: strings and ints only, the callers parse them (nothing here imports the package).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-
-from vllm_fa4.kernels.config import KernelConfig
 
 VARIANT = "VLLM_FA4_VARIANT"
 PREFILL_ROUTE = "VLLM_FA4_PREFILL_ROUTE"
@@ -33,16 +32,10 @@ DEFAULT_FUZZ_COUNT = 300
 PREFILL_ROUTES = ("auto", "kernel", "reference")
 
 
-def kernel_config() -> KernelConfig | None:
-    """The kernel config named by the environment, or None (each key's default config); a
-    spec that does not parse is a startup error."""
-    spec = os.environ.get(VARIANT, "").strip()
-    if not spec:
-        return None
-    try:
-        return KernelConfig.parse(spec)
-    except ValueError as e:
-        raise ValueError(f"{VARIANT}={spec!r}: {e}") from None
+def kernel_config_spec() -> str | None:
+    """The kernel config spec the environment names, or None (each key's serving configs);
+    the caller parses it (``paged_prefill.policy.configured_config``)."""
+    return os.environ.get(VARIANT, "").strip() or None
 
 
 def prefill_route() -> str:

@@ -34,7 +34,8 @@ import pytest
 import torch
 
 from vllm_fa4 import envs
-from vllm_fa4.kernels.config import KernelKey, serving_configs
+from vllm_fa4.kernels.config import KernelKey
+from vllm_fa4.paged_prefill.policy import serving_configs
 from vllm_fa4.testing import fuzz
 from vllm_fa4.testing.variants import config_id, sweep_configs
 

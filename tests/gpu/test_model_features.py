@@ -12,7 +12,8 @@ that ignored it could not pass.
 import pytest
 import torch
 
-from vllm_fa4.kernels.config import DEBUG_BASELINE, serving_configs
+from vllm_fa4.kernels.config import DEBUG_BASELINE
+from vllm_fa4.paged_prefill.policy import serving_configs
 
 pytestmark = pytest.mark.gpu
 

@@ -59,7 +59,7 @@ def _launch(plan, case, q, num_ctas):
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("spec", SCHEDULERS)
 def test_every_tile_runs_exactly_once(spec, shape):
-    from vllm_fa4.kernels import compile as kernel_compile
+    from vllm_fa4.kernels import launch as kernel_launch
     from vllm_fa4.testing import cases, checks
 
     specs, hq, hkv, num_ctas = SHAPES[shape]
@@ -86,7 +86,7 @@ def test_every_tile_runs_exactly_once(spec, shape):
         )
         checks.assert_attention_close(outs[-1], ref, lowp, cu_seqlens_q=case.cu_seqlens_q)
         if config.persistent:
-            counters = [c for (dev, _), c in kernel_compile._TILE_COUNTERS.items()]
+            counters = [c for (dev, _), c in kernel_launch._TILE_COUNTERS.items()]
             assert counters and all(int(c.abs().sum()) == 0 for c in counters), (
                 "the tile counter was not reset by the last CTA"
             )

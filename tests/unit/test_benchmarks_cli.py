@@ -413,9 +413,9 @@ def test_variants_ab_run_passes_window_and_softcap(variants_ab, monkeypatch, cap
 
     monkeypatch.setattr(variants_ab, "make_paged_case", cpu_case)
     monkeypatch.setattr(variants_ab, "fa3_call", lambda case, out=None: lambda: None)
-    import vllm_fa4.kernels.compile as compile_module  # PagedCase.ours imports it per call
+    import vllm_fa4.kernels.launch as launch_module  # PagedCase.ours imports it per call
 
-    monkeypatch.setattr(compile_module, "prefill_forward", launch)
+    monkeypatch.setattr(launch_module, "prefill_forward", launch)
     monkeypatch.setattr(variants_ab, "do_bench", bench)
     variants_ab.run("tiny", specs, 16, ["default"], 2, window_left=window, softcap=30.0)
     assert seen["case"]["window_left"] == window and seen["case"]["softcap"] == 30.0
@@ -442,9 +442,9 @@ def test_variants_ab_run_takes_the_model_shape_and_sinks(variants_ab, monkeypatc
 
     monkeypatch.setattr(variants_ab, "make_paged_case", cpu_case)
     monkeypatch.setattr(variants_ab, "fa3_call", lambda case, out=None: lambda: None)
-    import vllm_fa4.kernels.compile as compile_module
+    import vllm_fa4.kernels.launch as launch_module
 
-    monkeypatch.setattr(compile_module, "prefill_forward", launch)
+    monkeypatch.setattr(launch_module, "prefill_forward", launch)
     monkeypatch.setattr(variants_ab, "do_bench", lambda fn, return_mode: (fn(), 1.0)[1])
     variants_ab.run("tiny", specs, 16, ["default"], 1, sinks=True, model="gpt-oss-20b")
     assert seen["heads"] == (64, 8, 64) and seen["case"]["sinks"] is True
@@ -758,7 +758,8 @@ def test_schedule_sim_orders_the_assignments():
 
 def test_precompile_lists_the_serving_configs_and_drops_unsupported():
     precompile = _load("precompile", ROOT / "tools" / "precompile.py")
-    from vllm_fa4.kernels.config import KernelConfig, serving_configs
+    from vllm_fa4.kernels.config import KernelConfig
+    from vllm_fa4.paged_prefill.policy import serving_configs
 
     two = "one_per_cta+overlap"
     args = argparse.Namespace(

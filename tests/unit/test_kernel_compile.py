@@ -44,7 +44,7 @@ KEYS = sorted(
 def test_compile_key(key):
     """What warmup compiles on a user's machine: every config serving picks for the key."""
     from vllm_fa4.kernels.compile import compile_kernel
-    from vllm_fa4.kernels.config import serving_configs
+    from vllm_fa4.paged_prefill.policy import serving_configs
 
     for config in serving_configs(key).all:
         compile_kernel(key, config, has_lse=False)
@@ -70,7 +70,7 @@ FEATURE_KEYS = [
 @pytest.mark.parametrize("key", FEATURE_KEYS, ids=repr)
 def test_compile_model_feature_keys(key):
     from vllm_fa4.kernels.compile import compile_kernel
-    from vllm_fa4.kernels.config import serving_configs
+    from vllm_fa4.paged_prefill.policy import serving_configs
 
     for config in (*serving_configs(key).all, KernelConfig.parse("one_per_cta+serial")):
         for has_lse in (False, True):
@@ -129,7 +129,7 @@ def test_wide_box_needs_whole_boxes_per_block():
     number of boxes is refused with the layout named, vLLM's layouts pass."""
     import torch
 
-    from vllm_fa4.kernels.compile import check_slot_boxes
+    from vllm_fa4.kernels.launch import check_slot_boxes
     from vllm_fa4.paged_prefill.layout import split_kv_cache
 
     cache = torch.empty(4, 8, 16, 2 * 128, dtype=torch.bfloat16)  # logical (blocks, H, page, 2D)
@@ -226,7 +226,7 @@ def test_q_ring_needs_shared_memory():
 def test_serving_configs_by_head_dim_page_size_and_batch():
     """Invariants of the serving policy over every key it can be asked about (which config
     each key gets is the policy table's business and not restated here)."""
-    from vllm_fa4.kernels.config import serving_configs
+    from vllm_fa4.paged_prefill.policy import serving_configs
 
     features = [{}, {"sliding_window": True}, {"softcap": True, "sinks": True}]
     keys = [
@@ -256,13 +256,13 @@ def test_serving_configs_by_head_dim_page_size_and_batch():
 
 @pytest.mark.parametrize("spec", ["pingpnog", "smemepi", "mma_wgs", "overlap=1", "mma_wgs=x"])
 def test_bad_config_spelling_names_the_valid_ones(spec, monkeypatch):
-    from vllm_fa4 import envs
+    from vllm_fa4.paged_prefill.policy import configured_config
 
     with pytest.raises(ValueError, match="mma_wgs"):
         KernelConfig.parse(spec)
     monkeypatch.setenv("VLLM_FA4_VARIANT", spec)
     with pytest.raises(ValueError, match="VLLM_FA4_VARIANT"):
-        envs.kernel_config()
+        configured_config()
 
 
 def test_disk_cache_roundtrip(tmp_path):
@@ -339,7 +339,7 @@ NO_SPILL_KEYS = [
 
 @pytest.mark.parametrize("key", NO_SPILL_KEYS, ids=repr)
 def test_three_warpgroup_serving_kernels_do_not_spill(key):
-    from vllm_fa4.kernels.config import serving_configs
+    from vllm_fa4.paged_prefill.policy import serving_configs
 
     for config in serving_configs(key).all:
         assert config.mma_wgs == 3

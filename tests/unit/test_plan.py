@@ -9,17 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_fa4.kernels.config import (
-    KernelConfig,
-    KernelKey,
-    TileGeometry,
-    serving_configs,
-    tile_geometry,
-)
+from vllm_fa4.kernels.config import KernelConfig, KernelKey, TileGeometry, tile_geometry
 from vllm_fa4.paged_prefill import PrefillPlan, plan_prefill
+from vllm_fa4.paged_prefill.policy import ServingConfigs, serving_configs
 
 
-def _plan(specs, hq=32, hkv=8, d=128, page=16, dtype=torch.bfloat16, **options) -> PrefillPlan:
+def _plan(
+    specs, hq=32, hkv=8, d=128, page=16, dtype=torch.bfloat16, config=None, **options
+) -> PrefillPlan:
+    """plan_prefill of ``specs``; ``config``: one KernelConfig for every batch, or the
+    ServingConfigs to pick from (None: the key's serving configs)."""
     q_lens = [s[0] for s in specs]
     k_lens = [s[1] for s in specs]
     cu = torch.zeros(len(specs) + 1, dtype=torch.int32)
@@ -27,12 +26,16 @@ def _plan(specs, hq=32, hkv=8, d=128, page=16, dtype=torch.bfloat16, **options) 
     seq = torch.tensor(k_lens, dtype=torch.int32)
     pages = max([math.ceil(k / page) for k in k_lens], default=0) + 1
     table = torch.zeros(len(specs), pages, dtype=torch.int32)
+    key = KernelKey.for_layer(
+        dtype, d, page, hq, hkv, sliding_window=options.get("window_left") is not None
+    )
+    if not isinstance(config, ServingConfigs):
+        config = serving_configs(key, config)
     return plan_prefill(
         cu,
         seq,
-        key=KernelKey.for_layer(
-            dtype, d, page, hq, hkv, sliding_window=options.get("window_left") is not None
-        ),
+        key=key,
+        configs=config,
         num_kv_heads=hkv,
         cu_seqlens_q=cu.clone(),
         seqused_k=seq.clone(),
@@ -96,8 +99,6 @@ def test_three_warpgroups_tile_192_rows(hq, hkv):
 
 
 def test_serving_configs_must_share_the_m_tile():
-    from vllm_fa4.kernels.config import ServingConfigs
-
     two = KernelConfig.parse("queue+overlap")
     three = KernelConfig.parse("queue+overlap+mma_wgs=3")
     with pytest.raises(ValueError, match="differ in mma_wgs"):
@@ -160,7 +161,7 @@ def test_device_tensors_are_passed_through():
         cu,
         seq,
         key=KernelKey("float16", 64, 16, 1),
-        config=config,
+        configs=serving_configs(KernelKey("float16", 64, 16, 1), config),
         num_kv_heads=4,
         cu_seqlens_q=cu,
         seqused_k=seq,
@@ -194,6 +195,7 @@ def test_validation_errors():
     table = torch.zeros(1, 1, dtype=torch.int32)
     kw = dict(
         key=KernelKey("bfloat16", 128, 16, 4),
+        configs=serving_configs(KernelKey("bfloat16", 128, 16, 4)),
         num_kv_heads=2,
         cu_seqlens_q=cu,
         seqused_k=seq,
@@ -375,6 +377,7 @@ def test_window_key_mismatch_and_bad_window_raise():
     cu = torch.tensor([0, 3], dtype=torch.int32)
     seq = torch.tensor([10], dtype=torch.int32)
     kw = dict(num_kv_heads=2, cu_seqlens_q=cu, seqused_k=seq, page_table=torch.zeros(1, 1).int())
+    kw["configs"] = serving_configs(KernelKey("bfloat16", 128, 16, 4))
     plain = KernelKey("bfloat16", 128, 16, 4)
     windowed = KernelKey("bfloat16", 128, 16, 4, sliding_window=True)
     with pytest.raises(ValueError, match=r"key.sliding_window=False but window_left=5"):
@@ -390,8 +393,6 @@ def test_window_key_mismatch_and_bad_window_raise():
 def test_window_makes_a_chunk_after_a_long_prefix_short_work():
     """A 2k chunk after a 128k prefix with a 4k window visits ~33 K/V tiles per tile, not
     ~1040; the per-batch config pick sees the windowed work."""
-    from vllm_fa4.kernels.config import ServingConfigs, serving_configs
-
     specs = [(2048, 131072 + 2048)]
     plain = _plan(specs)
     windowed = _plan(specs, window_left=4095)  # vLLM sliding_window 4096

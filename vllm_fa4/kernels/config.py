@@ -7,12 +7,13 @@ which tile a key uses without paying for the DSL import.
     KernelConfig   how the kernel is built: one typed field per axis (Tiles, BlockStep, QLoad,
                    KvBox, PageRead, Epilogue, lazy_max, mma_wgs), spelled for the environment
     TileGeometry   tile sizes derived from a key, in one place (tile_geometry)
-    ServingConfigs the configs serving picks from per batch (serving_configs)
+
+What the kernel *can* be; which configs serving runs is paged_prefill/policy.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 
 SUPPORTED_DTYPES = ("bfloat16", "float16")
@@ -397,146 +398,3 @@ def _int_value(name: str, text: str, token: str) -> int:
 DEFAULT_CONFIG = KernelConfig()  # queue+overlap
 # The debug baseline: one tile per CTA, the serial block step, nothing overlapped.
 DEBUG_BASELINE = KernelConfig(tiles=Tiles.ONE_PER_CTA, block_step=BlockStep.SERIAL)
-# The measured serving defaults (docs/perf-notes.md, H100 and H200, one process each).
-# Overlap + ping-pong on the persistent grid: every batch below page 128 (H200 page 16:
-# 0.99-1.04 of FA3; base 0.86-1.02) and short batches at page 128, where paying the CTA
-# start-up once per SM lifts 512x32 from 0.85 to 0.99.
-PERSISTENT_OVERLAP = KernelConfig()
-# Long batches at page 128 (head dims other than 128): the one-CTA-per-tile grid is 0-3 %
-# ahead on 16k and chunks after 64k. softmax_per_arm keeps ptxas from serializing the
-# softmax behind the P V GEMM.
-OVERLAP_PINGPONG = KernelConfig(tiles=Tiles.ONE_PER_CTA)
-# PERSISTENT_OVERLAP whose warpgroups start the next tile's Q copies after their last Q K^T.
-# Measured at head dim 128 (H100 and H200, 2026-11-23): short batches +1-7 % at both page
-# sizes (512x32: 1.04-1.06 of FA3), long batches at page 128 +1-5 % over OVERLAP_PINGPONG,
-# long batches at page 16 0.5-1 % behind PERSISTENT_OVERLAP.
-PERSISTENT_OVERLAP_QPF = KernelConfig(q_load=QLoad.PREFETCH)
-# Head dim 64: PERSISTENT_OVERLAP_QPF on three consumer warpgroups (192-row tiles), every
-# batch and page size. Measured 2026-11-24 (H100 and H200): Llama-3.2-1B shape 1.00-1.17 of
-# FA3 on 16 cases at pages 16 and 128 (two warpgroups: 0.87-1.00), gpt-oss shape 0.93-1.10.
-PERSISTENT_OVERLAP_QPF_3WG = replace(PERSISTENT_OVERLAP_QPF, mma_wgs=3)
-# PERSISTENT_OVERLAP whose Q the producer loads with TMA a tile ahead (session 9, H100 and
-# H200): head dims 128 and 64 (three warpgroups) without a window, every batch and page size.
-PERSISTENT_OVERLAP_QTMA = replace(PERSISTENT_OVERLAP, q_load=QLoad.TMA)
-# PERSISTENT_OVERLAP_QTMA whose producer hands each tile over with its TileWork (session 10,
-# H100 and H200): the serving default wherever PERSISTENT_OVERLAP_QTMA was.
-PERSISTENT_OVERLAP_QWORK = replace(PERSISTENT_OVERLAP_QTMA, tiles=Tiles.QUEUE_WITH_WORK)
-PERSISTENT_OVERLAP_QWORK_3WG = replace(PERSISTENT_OVERLAP_QWORK, mma_wgs=3)
-# ... with O staged through the tile's own Q stage and written in 16-byte rows: short batches
-# at head dim 128 (session 10: 512x32-1kx16 +4-10 %, 2kx8 0 to +2.4 %; long batches -0.1 to -6 %).
-PERSISTENT_OVERLAP_QWORK_STAGED = replace(PERSISTENT_OVERLAP_QWORK, epilogue=Epilogue.STAGED)
-# ... with the V loads on the producer warpgroup's second warp (session 12, H100 and H200):
-# long batches at head dim 128, below page 128 with the page table read a block ahead
-# (page 16, 4k+ tokens: +0.5-0.9 % over PERSISTENT_OVERLAP_QWORK), at page 128 without it
-# (there each warp reads its block's one entry after the acquire; -0.1 to +0.7 % over
-# session 11's page_prefetch pick, which v_warp + page_prefetch did not beat).
-PERSISTENT_OVERLAP_QWORK_V_WARP = replace(PERSISTENT_OVERLAP_QWORK, v_warp=True)
-PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD = replace(
-    PERSISTENT_OVERLAP_QWORK_V_WARP, page_read=PageRead.BLOCK_AHEAD
-)
-# ... with one TMA box per page for all of D (session 13, H100 and H200): long batches at
-# head dim 128 below page 128 (page 16, 4k+ tokens: +0.8-1.1 %). At page 128 (2 boxes per
-# block instead of 4) it measured -0.6 to +0.7 %, and the staged epilogue of short batches
-# lost 0-2 % with it: both keep the per-chunk boxes.
-PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD_WIDE = replace(
-    PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD, kv_box=KvBox.WIDE
-)
-
-
-# Every head-dim-128 pick above (long and short, no window) with the P V wait after the first
-# row's exponentials and O's rescale in the next block's turn (session 14, H100, 8 rounds:
-# page-16 4k+ 1.051 -> 1.111 of FA3, page-128 long 1.005 -> 1.043, short 1.110 -> 1.139;
-# 70B at TP 8 likewise). Head dim 64's three warpgroups: short batches only (two H100 runs:
-# short +1.5 % and +1.9 %, long page-128 batches -1.3 % and -1.6 %).
-def with_pv_wait_mid(config: KernelConfig) -> KernelConfig:
-    return replace(config, block_step=BlockStep.OVERLAP_PV_WAIT_MID)
-
-
-LONG_BATCH_MIN_PAGE = 128  # pages this large run a different config for long batches
-SHORT_BATCH_MAX_BLOCKS = 16  # mean KV tiles visited per work tile (2k tokens at tile_n 128)
-QPF_HEAD_DIMS = (128,)  # where q_prefetch and q_tma were measured; others keep the old picks
-THREE_WG_HEAD_DIMS = (64,)  # PERSISTENT_OVERLAP_QPF_3WG for every batch
-
-
-def with_lazy_max(config: KernelConfig, key: KernelKey) -> KernelConfig:
-    """``config`` with `lazy_max` where it was measured to win (session 7, H100 and H200):
-    every key without a sliding window. With gpt-oss's 128-key window a row visits about two
-    blocks and its max moves on most of them, so there is nothing to skip (0 to -1.8 %)."""
-    return replace(config, lazy_max=not key.sliding_window)
-
-
-@dataclass(frozen=True)
-class ServingConfigs:
-    """The configs serving may launch for one key, picked per batch on the host (the plan):
-    batches whose work tiles visit on average at most ``short_max_blocks`` K/V tiles run
-    ``short``, the others ``long``. Warmup compiles every one of ``all``."""
-
-    long: KernelConfig
-    short: KernelConfig
-    short_max_blocks: int = SHORT_BATCH_MAX_BLOCKS
-
-    def __post_init__(self):
-        # The plan tiles the batch before it picks, so both must tile the same way.
-        if self.long.mma_wgs != self.short.mma_wgs:
-            raise ValueError(
-                f"serving configs {self.long.spec!r} and {self.short.spec!r} differ in "
-                "mma_wgs (the M tile): one plan cannot serve both"
-            )
-
-    def geometry(self, key: KernelKey) -> TileGeometry:
-        """The tile geometry every config here runs ``key`` with."""
-        return tile_geometry(key, self.long.mma_wgs)
-
-    def pick(self, num_tiles: int, total_work: int) -> KernelConfig:
-        """The config of a batch of ``num_tiles`` tiles visiting ``total_work`` K/V tiles."""
-        if num_tiles and total_work <= self.short_max_blocks * num_tiles:
-            return self.short
-        return self.long
-
-    @property
-    def all(self) -> tuple[KernelConfig, ...]:
-        return (self.long,) if self.short == self.long else (self.long, self.short)
-
-
-def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> ServingConfigs:
-    """What serving runs for ``key``: ``fixed`` (VLLM_FA4_VARIANT) for every batch, else
-    the measured per-head-dim and per-page-size defaults (docs/perf-notes.md, sessions 3-14):
-
-    head dim 64    three consumer warpgroups, every batch: PERSISTENT_OVERLAP_QWORK_3WG +
-                   lazy_max, short batches with pv_wait_mid (sliding window:
-                   PERSISTENT_OVERLAP_QPF_3WG)
-    head dim 128   long batches PERSISTENT_OVERLAP_QWORK + lazy_max with the V loads on a
-                   second producer warp, below page 128 with the page table read a block
-                   ahead and whole-row K/V boxes (PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD_WIDE),
-                   at 128 and more without both (PERSISTENT_OVERLAP_QWORK_V_WARP); short
-                   batches with the staged epilogue (PERSISTENT_OVERLAP_QWORK_STAGED), every
-                   page size; both with pv_wait_mid (sliding window: the session-4 picks)
-    head dim 256   page 128: long OVERLAP_PINGPONG, short PERSISTENT_OVERLAP (session 3);
-                   smaller pages: long PERSISTENT_OVERLAP + lazy_max, short without lazy_max
-                   (512x32 lost 1.5-2.6 % with it)
-    """
-    if fixed is not None:
-        return ServingConfigs(long=fixed, short=fixed)
-    if key.head_dim in THREE_WG_HEAD_DIMS:
-        # q_tma not measured with a window (gpt-oss's windowed layers keep q_prefetch)
-        if key.sliding_window:
-            three = with_lazy_max(PERSISTENT_OVERLAP_QPF_3WG, key)
-            return ServingConfigs(long=three, short=three)
-        three = with_lazy_max(PERSISTENT_OVERLAP_QWORK_3WG, key)
-        return ServingConfigs(long=three, short=with_pv_wait_mid(three))
-    long_page = key.page_size >= LONG_BATCH_MIN_PAGE
-    if key.head_dim in QPF_HEAD_DIMS:
-        if key.sliding_window:  # the session-4 picks (lazy_max, q_tma not measured there)
-            long = PERSISTENT_OVERLAP_QPF if long_page else PERSISTENT_OVERLAP
-            return ServingConfigs(long=long, short=PERSISTENT_OVERLAP_QPF)
-        long = (
-            PERSISTENT_OVERLAP_QWORK_V_WARP
-            if long_page
-            else PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD_WIDE
-        )
-        long = with_pv_wait_mid(with_lazy_max(long, key))
-        short = with_pv_wait_mid(with_lazy_max(PERSISTENT_OVERLAP_QWORK_STAGED, key))
-        return ServingConfigs(long=long, short=short)
-    if long_page:
-        return ServingConfigs(long=OVERLAP_PINGPONG, short=PERSISTENT_OVERLAP)
-    return ServingConfigs(long=with_lazy_max(PERSISTENT_OVERLAP, key), short=PERSISTENT_OVERLAP)

@@ -1,4 +1,5 @@
-"""Launch one step's prefill: validate (cheaply, no sync) and dispatch on the plan's route."""
+"""Launch one step's prefill: validate (cheaply, no sync) and run the plan's route (decided
+once, by the plan's maker: nothing here reads the environment)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import torch
 from vllm_fa4.kernels.config import check_features, dtype_name
 from vllm_fa4.paged_prefill.plan import PrefillPlan
 from vllm_fa4.paged_prefill.reference import paged_attention_reference
-from vllm_fa4.paged_prefill.route import select_route
 
 
 def _check_tensor(name: str, t: torch.Tensor, shape: tuple, plan: PrefillPlan) -> None:
@@ -81,9 +81,9 @@ def run_prefill(
     if plan.num_tiles == 0:
         return  # no query rows
 
-    if select_route(plan.key, plan.config, plan.device) == "kernel":
+    if plan.route == "kernel":
         # Imported here: the CuTe-DSL import costs ~2 s and CPU-only users never need it.
-        from vllm_fa4.kernels.compile import prefill_forward
+        from vllm_fa4.kernels.launch import prefill_forward
 
         prefill_forward(
             plan.key,

@@ -3,7 +3,7 @@
 ``VLLM_FA4_TEST_VARIANTS``: ``all`` (every config below), or specs separated by spaces or
 ``;`` (``default``: each key's default config); unset means the process's config
 (``VLLM_FA4_VARIANT``), which when unset too is each key's default. A config None stands for
-"each key's serving configs, picked per batch" (``kernels.config.serving_configs``).
+"each key's serving configs, picked per batch" (``paged_prefill.policy.serving_configs``).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import re
 
 from vllm_fa4 import envs
 from vllm_fa4.kernels.config import KernelConfig
+from vllm_fa4.paged_prefill.policy import configured_config
 
 ALL_CONFIGS = tuple(
     KernelConfig.parse(s)
@@ -57,7 +58,7 @@ ALL_CONFIGS = tuple(
 def parse_configs(spec: str | None) -> tuple[KernelConfig | None, ...]:
     """``all`` | specs separated by spaces or ';' | None: the process's config."""
     if not spec:
-        return (envs.kernel_config(),)
+        return (configured_config(),)
     if spec.strip() == "all":
         return ALL_CONFIGS
     return tuple(
