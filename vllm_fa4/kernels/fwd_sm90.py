@@ -77,6 +77,7 @@ from vllm_fa4.kernels.softmax import (
 from vllm_fa4.kernels.tile_scheduler import (
     TILE_QUEUE_STAGES,
     TileQueue,
+    WorkList,
     queue_work_words,
     tile_work,
 )
@@ -133,6 +134,52 @@ class KvSource:
     smem: cute.Tensor
     gmem: cute.Tensor
     boxes_per_block: Optional[Int32]  # `wide_box`: slot boxes per cache block, else None
+
+
+class ProducerArgs(NamedTuple):
+    """What the K/V producer warp's produce takes besides the tile and its pipeline state."""
+
+    mPageTable: cute.Tensor
+    mK_tma: cute.Tensor
+    mV_tma: cute.Tensor
+    tma_atom_K: cute.CopyAtom
+    tma_atom_V: cute.CopyAtom
+    sK: cute.Tensor
+    sV: cute.Tensor
+    pool: KvPool
+    pipe_k: pipeline.PipelineTmaAsync
+    pipe_v: pipeline.PipelineTmaAsync
+
+
+class VLoadArgs(NamedTuple):
+    """What the V warp's produce_v takes besides the tile and its pipeline state (`v_warp`)."""
+
+    mPageTable: cute.Tensor
+    mV_tma: cute.Tensor
+    tma_atom_V: cute.CopyAtom
+    sV: cute.Tensor
+    pool: KvPool
+    pipe_v: pipeline.PipelineTmaAsync
+
+
+class ConsumerArgs(NamedTuple):
+    """What a consumer warpgroup's consume takes besides the tile and its pipeline state."""
+
+    mQ: cute.Tensor
+    mO: cute.Tensor
+    mLSE: Optional[cute.Tensor]
+    sQ: cute.Tensor
+    sK: cute.Tensor
+    sV: cute.Tensor
+    tiled_mma_qk: cute.TiledMma
+    tiled_mma_pv: cute.TiledMma
+    pipe_k: pipeline.PipelineTmaAsync
+    pipe_v: pipeline.PipelineTmaAsync
+    mSinks: Optional[cute.Tensor]  # key.sinks only
+    window_left: Optional[Int32]  # key.sliding_window only
+    softcap_prescale: Optional[Float32]  # key.softcap only
+    scale_log2: Float32
+    tidx: Int32  # the thread's index among the consumer threads
 
 
 class SoftmaxArgs(NamedTuple):
@@ -468,17 +515,19 @@ class Sm90PagedPrefill:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
-        tile_args = (mWorkTiles, mCuSeqlensQ, mSeqUsedK, self.tokens_per_tile, self.tile_n)
-        tile_args = (*tile_args, window_left)
+        tile_args = WorkList(
+            mWorkTiles, mCuSeqlensQ, mSeqUsedK, self.tokens_per_tile, self.tile_n, window_left
+        )
         first_tile = cute.arch.block_idx()[0]
         pipeline.pipeline_init_wait()
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.cfg.producer_regs)
             if warp_idx == 0:
-                prod_args = (mPageTable, mK_tma, mV_tma, tma_atom_K, tma_atom_V, sK, sV)
                 pool = KvPool(num_blocks, kv_boxes_per_block)
-                prod_args = (*prod_args, pool, pipe_k, pipe_v)
+                prod_args = ProducerArgs(
+                    mPageTable, mK_tma, mV_tma, tma_atom_K, tma_atom_V, sK, sV, pool, pipe_k, pipe_v
+                )
                 produce = self.produce
                 if cutlass.const_expr(self.q_tma):
                     produce = partial(produce, q_load=QTmaLoad(tma_atom_Q, mQ_tma, sQ, q_empty))
@@ -489,14 +538,16 @@ class Sm90PagedPrefill:
             if cutlass.const_expr(self.cfg.v_warp):
                 if warp_idx == 1:
                     pool = KvPool(num_blocks, kv_boxes_per_block)
-                    v_args = (mPageTable, mV_tma, tma_atom_V, sV, pool, pipe_v)
+                    v_args = VLoadArgs(mPageTable, mV_tma, tma_atom_V, sV, pool, pipe_v)
                     self.walk_v_loads(v_args, tile_args, queue)
         else:
             cute.arch.setmaxregister_increase(self.cfg.mma_regs)
             wg = cute.arch.make_warp_uniform((tidx - 128) // 128)
             turns_begin(self.turns, wg)  # once per CTA: turns alternate across tiles
-            cons_args = (mQ, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v)
-            cons_args = (*cons_args, mSinks, window_left, softcap_prescale, scale_log2, tidx - 128)
+            cons_args = ConsumerArgs(
+                *(mQ, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v),
+                *(mSinks, window_left, softcap_prescale, scale_log2, tidx - 128),
+            )
             consume = self.consume
             if cutlass.const_expr(self.q_tma):
                 consume = partial(consume, q_empty=q_empty)
@@ -517,7 +568,7 @@ class Sm90PagedPrefill:
         """Run one role (produce or consume) over this CTA's tiles, carrying its pipeline
         state: the one tile `first_tile`, or with `persistent` `first_tile` and then the
         tiles `queue` hands out."""
-        num_tiles = tile_args[0].shape[0]
+        num_tiles = tile_args.work_tiles.shape[0]
         users = pipeline.PipelineUserType
         user = users.Producer if is_producer else users.Consumer
         q_state = None  # `q_tma`: the producer's Q ring state, carried like `state`
@@ -529,7 +580,7 @@ class Sm90PagedPrefill:
             # Bound methods: the DSL's while would try to carry `queue` itself.
             claim, publish, receive = queue.claim, queue.publish, queue.receive
             if cutlass.const_expr(self.q_prefetch and not is_producer):
-                mQ, sQ, tidx = role_args[0], role_args[3], role_args[-1]
+                mQ, sQ, tidx = role_args.mQ, role_args.sQ, role_args.tidx
                 wg = cute.arch.make_warp_uniform(tidx // 128)
                 if tile < num_tiles:  # a grid larger than the list (tests) has idle CTAs
                     self.issue_q(tile_work(*tile_args, tile), mQ, sQ, tidx, wg)
@@ -551,21 +602,21 @@ class Sm90PagedPrefill:
                         claimed = claim()  # in flight while this tile's loads issue
                         if cutlass.const_expr(self.q_tma):
                             work = self.tile_work_q_tma(tile_args, tile)
-                            state, q_state = role(work, *role_args, state, q_state=q_state)
+                            state, q_state = role(work, role_args, state, q_state=q_state)
                         else:
-                            state = role(tile_work(*tile_args, tile), *role_args, state)
+                            state = role(tile_work(*tile_args, tile), role_args, state)
                         tile, queue_state = publish(claimed, queue_state)
                     elif cutlass.const_expr(self.q_prefetch):
                         done = tile
                         state, tile, queue_state = role(
                             tile_work(*tile_args, tile),
-                            *role_args,
+                            role_args,
                             state,
                             receive,
                             queue_state,
                             tile_args,
                         )
-                        self._count_visit(tile_args[0], done)
+                        self._count_visit(tile_args.work_tiles, done)
                     elif cutlass.const_expr(self.q_tma):
                         # One copy of the tile per Q stage, so each reads its stage at a constant
                         # address: a runtime stage index (or any Q pipeline state live across the
@@ -575,29 +626,29 @@ class Sm90PagedPrefill:
                             if tile < num_tiles:
                                 state = role(
                                     self.tile_work_q_tma(tile_args, tile),
-                                    *role_args,
+                                    role_args,
                                     state,
                                     q_stage=q_stage,
                                 )
-                                self._count_visit(tile_args[0], tile)
+                                self._count_visit(tile_args.work_tiles, tile)
                                 tile, queue_state = receive(queue_state)
                     else:
-                        state = role(tile_work(*tile_args, tile), *role_args, state)
-                        self._count_visit(tile_args[0], tile)
+                        state = role(tile_work(*tile_args, tile), role_args, state)
+                        self._count_visit(tile_args.work_tiles, tile)
                         tile, queue_state = receive(queue_state)
             if cutlass.const_expr(is_producer):
                 queue.finish()
         elif cutlass.const_expr(self.q_tma):
             work = self.tile_work_q_tma(tile_args, first_tile)
             if cutlass.const_expr(is_producer):
-                role(work, *role_args, state, q_state=q_state)
+                role(work, role_args, state, q_state=q_state)
             else:
-                role(work, *role_args, state, q_stage=0)
-                self._count_visit(tile_args[0], first_tile)
+                role(work, role_args, state, q_stage=0)
+                self._count_visit(tile_args.work_tiles, first_tile)
         else:
-            role(tile_work(*tile_args, first_tile), *role_args, state)
+            role(tile_work(*tile_args, first_tile), role_args, state)
             if cutlass.const_expr(not is_producer):
-                self._count_visit(tile_args[0], first_tile)
+                self._count_visit(tile_args.work_tiles, first_tile)
 
     @cute.jit
     def walk_queue_work(
@@ -616,7 +667,7 @@ class Sm90PagedPrefill:
         the CTA's first included, with its TileWork; the consumers start each tile from
         the slot, without the two dependent global loads (work_tiles row, then the
         request's lengths) that would stand before its first block."""
-        num_tiles = tile_args[0].shape[0]
+        num_tiles = tile_args.work_tiles.shape[0]
         publish_work, wait_tile, take_work = queue.publish_work, queue.wait_tile, queue.take_work
         tile = first_tile
         if cutlass.const_expr(is_producer):
@@ -627,7 +678,7 @@ class Sm90PagedPrefill:
             while tile < num_tiles:
                 claimed = claim()  # in flight while this tile's loads issue
                 # `work` is the tile's, as published (carried from the previous publish).
-                state, q_state = role(work, *role_args, state, q_state=q_state)
+                state, q_state = role(work, role_args, state, q_state=q_state)
                 tile = next_tile(claimed)
                 work = self.tile_work_q_tma(tile_args, cutlass.min(tile, last))
                 queue_state = publish_work(tile, work, queue_state)
@@ -639,8 +690,8 @@ class Sm90PagedPrefill:
                     if tile < num_tiles:
                         # Its own name: `work` of the producer's branch would be carried.
                         received, queue_state = take_work(queue_state)
-                        state = role(received, *role_args, state, q_stage=q_stage)
-                        self._count_visit(tile_args[0], tile)
+                        state = role(received, role_args, state, q_stage=q_stage)
+                        self._count_visit(tile_args.work_tiles, tile)
                         tile = wait_tile(queue_state)
 
     @cute.jit
@@ -717,26 +768,11 @@ class Sm90PagedPrefill:
         return KvSource(pipe, atom, tXs, tXg, boxes_per_block)
 
     @cute.jit
-    def produce(
-        self,
-        work,
-        mPageTable,
-        mK_tma,
-        mV_tma,
-        tma_atom_K,
-        tma_atom_V,
-        sK,
-        sV,
-        pool,
-        pipe_k,
-        pipe_v,
-        state,
-        q_state=None,
-        q_load=None,
-    ):
+    def produce(self, work, args: ProducerArgs, state, q_state=None, q_load=None):
         """Issue one tile's K/V loads (with `v_warp` only K; produce_v issues V), last block
         first, with `q_tma` its Q on the first K's mbarrier; returns the advanced state (and
         Q's)."""
+        mPageTable, mK_tma, mV_tma, tma_atom_K, tma_atom_V, sK, sV, pool, pipe_k, pipe_v = args
         q_boxes = None
         if cutlass.const_expr(self.q_tma):
             # The consumers freed this Q stage after their last Q K^T two tiles ago.
@@ -801,8 +837,9 @@ class Sm90PagedPrefill:
         return state
 
     @cute.jit
-    def produce_v(self, work, mPageTable, mV_tma, tma_atom_V, sV, pool, pipe_v, state):
+    def produce_v(self, work, args: VLoadArgs, state):
         """`v_warp`: one tile's V loads, last block first; returns the advanced state."""
+        mPageTable, mV_tma, tma_atom_V, sV, pool, pipe_v = args
         boxes = pool.boxes_per_block
         v_src = self._kv_source(pipe_v, tma_atom_V, mV_tma, sV, work.kv_head, boxes)
         ctx = (mPageTable[work.batch, None], work.k_len, pool.num_blocks)
@@ -812,7 +849,7 @@ class Sm90PagedPrefill:
     def walk_v_loads(self, v_args, tile_args, queue):
         """`v_warp`: the second producer warp takes every tile from the queue, as the
         consumers do, and issues its V loads."""
-        num_tiles = tile_args[0].shape[0]
+        num_tiles = tile_args.work_tiles.shape[0]
         users = pipeline.PipelineUserType
         state = pipeline.make_pipeline_state(users.Producer, self.stages)
         queue_state = pipeline.make_pipeline_state(users.Consumer, TILE_QUEUE_STAGES)
@@ -820,7 +857,7 @@ class Sm90PagedPrefill:
         tile = wait_tile(queue_state)
         while tile < num_tiles:
             work, queue_state = take_work(queue_state)
-            state = self.produce_v(work, *v_args, state)
+            state = self.produce_v(work, v_args, state)
             tile = wait_tile(queue_state)
 
     @cute.jit
@@ -895,7 +932,7 @@ class Sm90PagedPrefill:
         queue and start its Q copies, so they land under this tile's last P V and epilogue.
         Returns (next tile, queue state)."""
         next_tile, queue_state = receive(queue_state)
-        if next_tile < tile_args[0].shape[0]:
+        if next_tile < tile_args.work_tiles.shape[0]:
             self.issue_q(tile_work(*tile_args, next_tile), mQ, sQ, tidx, wg)
         return next_tile, queue_state
 
@@ -992,21 +1029,7 @@ class Sm90PagedPrefill:
     def consume(
         self,
         work,
-        mQ,
-        mO,
-        mLSE,
-        sQ,
-        sK,
-        sV,
-        tiled_mma_qk,
-        tiled_mma_pv,
-        pipe_k,
-        pipe_v,
-        mSinks,
-        window_left,
-        softcap_prescale,
-        scale_log2: Float32,
-        tidx: Int32,
+        args: ConsumerArgs,
         state,
         receive=None,
         queue_state=None,
@@ -1022,6 +1045,8 @@ class Sm90PagedPrefill:
         `q_stage` (a compile-time constant: a runtime stage index costs the block loop its
         uniform-register descriptors) on the first K's mbarrier; the tile frees the stage
         after its last Q K^T."""
+        mQ, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v = args[:10]
+        mSinks, window_left, softcap_prescale, scale_log2, tidx = args[10:]
         wg = cute.arch.make_warp_uniform(tidx // 128)
         g = self.block_gemms(sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, tidx)
         tSrQ = g.tSrQ
