@@ -284,7 +284,7 @@ class _Ctx:
     def vllm_config(self, shape: fuzz.Shape, spec_tokens: int):
         key = (shape, spec_tokens)
         if key not in self.configs:
-            from vllm_configs import make_vllm_config, write_tiny_llama
+            from helpers.vllm_configs import make_vllm_config, write_tiny_llama
 
             hq, hkv, d = shape.num_q_heads, shape.num_kv_heads, shape.head_dim
             model = write_tiny_llama(

@@ -153,8 +153,8 @@ def test_chunk_after_long_prefix_is_scheduled_first(vllm_config):
 
 
 def test_speculative_config_raises_threshold(tiny_llama_dir):
+    from helpers.vllm_configs import make_vllm_config
     from vllm.config import set_current_vllm_config
-    from vllm_configs import make_vllm_config
 
     config = make_vllm_config(tiny_llama_dir, num_speculative_tokens=3)
     with set_current_vllm_config(config):

@@ -131,8 +131,8 @@ def test_config_that_cannot_build_the_head_dim_is_refused_at_backend_selection(m
 def gqa256_config(tmp_path_factory):
     """A model with 256 query heads on one KV head: vLLM's checks pass (head dim 128), but
     the GQA group does not fit the kernel's 128-row tile, so no kernel exists for it."""
+    from helpers.vllm_configs import make_vllm_config, write_tiny_llama
     from vllm.config import set_current_vllm_config
-    from vllm_configs import make_vllm_config, write_tiny_llama
 
     model = write_tiny_llama(
         tmp_path_factory.mktemp("gqa256"),
