@@ -10,8 +10,9 @@ CTAs that take tiles of the ordered list as they become free. 1 + `mma_wgs` warp
        O += P V (RS wgmma, P from registers). Epilogue: normalize, store O and LSE.
 
 The config's axes (kernels/config.py describes each value) and where they live here:
-  tiles       walk_tiles (ONE_PER_CTA: one tile; QUEUE: TileQueue.claim/publish/receive),
-              walk_queue_work (QUEUE_WITH_WORK), walk_v_loads (v_warp)
+  tiles       tile_walk picks walk_one_tile (ONE_PER_CTA), walk_queue (QUEUE:
+              TileQueue.claim/publish/receive) or walk_queue_work (QUEUE_WITH_WORK);
+              walk_v_loads (v_warp)
   q_load      load_q / issue_q (CP_ASYNC), prefetch_next_q (PREFETCH), issue_q_boxes and
               free_q_stage (TMA: the consumer's tile body exists once per Q stage)
   block_step  consume's serial loop (SERIAL) or overlap_step (OVERLAP, OVERLAP_PV_WAIT_MID);
@@ -534,7 +535,8 @@ class Sm90PagedPrefill:
                 state = pipeline.make_pipeline_state(
                     pipeline.PipelineUserType.Producer, self.stages
                 )
-                self.walk_tiles(produce, prod_args, state, tile_args, first_tile, queue, True)
+                walk = self.tile_walk()
+                walk(produce, prod_args, state, tile_args, first_tile, queue, True)
             if cutlass.const_expr(self.cfg.v_warp):
                 if warp_idx == 1:
                     pool = KvPool(num_blocks, kv_boxes_per_block)
@@ -552,10 +554,28 @@ class Sm90PagedPrefill:
             if cutlass.const_expr(self.q_tma):
                 consume = partial(consume, q_empty=q_empty)
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            self.walk_tiles(consume, cons_args, state, tile_args, first_tile, queue, False)
+            walk = self.tile_walk()
+            walk(consume, cons_args, state, tile_args, first_tile, queue, False)
+
+    def tile_walk(self):
+        """The tile loop of the config's `tiles`, picked once (all take the same arguments:
+        role, role_args, state, tile_args, first_tile, queue, is_producer)."""
+        return {
+            Tiles.ONE_PER_CTA: self.walk_one_tile,
+            Tiles.QUEUE: self.walk_queue,
+            Tiles.QUEUE_WITH_WORK: self.walk_queue_work,
+        }[self.cfg.tiles]
+
+    def q_ring_state(self, is_producer: bool):
+        """`q_tma`: the producer's Q ring state, carried like its K/V state; else None."""
+        if self.q_tma and is_producer:
+            return pipeline.make_pipeline_state(
+                pipeline.PipelineUserType.Producer, self.cfg.q_stages
+            )
+        return None
 
     @cute.jit
-    def walk_tiles(
+    def walk_one_tile(
         self,
         role,
         role_args,
@@ -565,80 +585,9 @@ class Sm90PagedPrefill:
         queue,
         is_producer: cutlass.Constexpr[bool],
     ):
-        """Run one role (produce or consume) over this CTA's tiles, carrying its pipeline
-        state: the one tile `first_tile`, or with `persistent` `first_tile` and then the
-        tiles `queue` hands out."""
-        num_tiles = tile_args.work_tiles.shape[0]
-        users = pipeline.PipelineUserType
-        user = users.Producer if is_producer else users.Consumer
-        q_state = None  # `q_tma`: the producer's Q ring state, carried like `state`
-        if cutlass.const_expr(self.q_tma and is_producer):
-            q_state = pipeline.make_pipeline_state(user, self.cfg.q_stages)
-        if cutlass.const_expr(self.cfg.persistent):
-            tile = first_tile
-            queue_state = pipeline.make_pipeline_state(user, TILE_QUEUE_STAGES)
-            # Bound methods: the DSL's while would try to carry `queue` itself.
-            claim, publish, receive = queue.claim, queue.publish, queue.receive
-            if cutlass.const_expr(self.q_prefetch and not is_producer):
-                mQ, sQ, tidx = role_args.mQ, role_args.sQ, role_args.tidx
-                wg = cute.arch.make_warp_uniform(tidx // 128)
-                if tile < num_tiles:  # a grid larger than the list (tests) has idle CTAs
-                    self.issue_q(tile_work(*tile_args, tile), mQ, sQ, tidx, wg)
-            if cutlass.const_expr(self.queue_work):
-                self.walk_queue_work(
-                    role,
-                    role_args,
-                    state,
-                    q_state,
-                    tile_args,
-                    tile,
-                    queue,
-                    queue_state,
-                    is_producer,
-                )
-            else:
-                while tile < num_tiles:
-                    if cutlass.const_expr(is_producer):
-                        claimed = claim()  # in flight while this tile's loads issue
-                        if cutlass.const_expr(self.q_tma):
-                            work = self.tile_work_q_tma(tile_args, tile)
-                            state, q_state = role(work, role_args, state, q_state=q_state)
-                        else:
-                            state = role(tile_work(*tile_args, tile), role_args, state)
-                        tile, queue_state = publish(claimed, queue_state)
-                    elif cutlass.const_expr(self.q_prefetch):
-                        done = tile
-                        state, tile, queue_state = role(
-                            tile_work(*tile_args, tile),
-                            role_args,
-                            state,
-                            receive,
-                            queue_state,
-                            tile_args,
-                        )
-                        self._count_visit(tile_args.work_tiles, done)
-                    elif cutlass.const_expr(self.q_tma):
-                        # One copy of the tile per Q stage, so each reads its stage at a constant
-                        # address: a runtime stage index (or any Q pipeline state live across the
-                        # block loop) moves the wgmma descriptors out of the uniform registers, 4
-                        # R2UR in front of every wgmma, -2 to -7 % (session 9).
-                        for q_stage in cutlass.range_constexpr(self.cfg.q_stages):
-                            if tile < num_tiles:
-                                state = role(
-                                    self.tile_work_q_tma(tile_args, tile),
-                                    role_args,
-                                    state,
-                                    q_stage=q_stage,
-                                )
-                                self._count_visit(tile_args.work_tiles, tile)
-                                tile, queue_state = receive(queue_state)
-                    else:
-                        state = role(tile_work(*tile_args, tile), role_args, state)
-                        self._count_visit(tile_args.work_tiles, tile)
-                        tile, queue_state = receive(queue_state)
-            if cutlass.const_expr(is_producer):
-                queue.finish()
-        elif cutlass.const_expr(self.q_tma):
+        """ONE_PER_CTA: run one role (produce or consume) on the CTA's one tile (no queue)."""
+        q_state = self.q_ring_state(is_producer)
+        if cutlass.const_expr(self.q_tma):
             work = self.tile_work_q_tma(tile_args, first_tile)
             if cutlass.const_expr(is_producer):
                 role(work, role_args, state, q_state=q_state)
@@ -651,23 +600,93 @@ class Sm90PagedPrefill:
                 self._count_visit(tile_args.work_tiles, first_tile)
 
     @cute.jit
+    def walk_queue(
+        self,
+        role,
+        role_args,
+        state,
+        tile_args,
+        first_tile: Int32,
+        queue,
+        is_producer: cutlass.Constexpr[bool],
+    ):
+        """QUEUE: run one role over `first_tile` and then the tiles the producer claims and
+        `queue` hands out, carrying its pipeline state across them."""
+        num_tiles = tile_args.work_tiles.shape[0]
+        users = pipeline.PipelineUserType
+        user = users.Producer if is_producer else users.Consumer
+        q_state = self.q_ring_state(is_producer)
+        tile = first_tile
+        queue_state = pipeline.make_pipeline_state(user, TILE_QUEUE_STAGES)
+        # Bound methods: the DSL's while would try to carry `queue` itself.
+        claim, publish, receive = queue.claim, queue.publish, queue.receive
+        if cutlass.const_expr(self.q_prefetch and not is_producer):
+            mQ, sQ, tidx = role_args.mQ, role_args.sQ, role_args.tidx
+            wg = cute.arch.make_warp_uniform(tidx // 128)
+            if tile < num_tiles:  # a grid larger than the list (tests) has idle CTAs
+                self.issue_q(tile_work(*tile_args, tile), mQ, sQ, tidx, wg)
+        while tile < num_tiles:
+            if cutlass.const_expr(is_producer):
+                claimed = claim()  # in flight while this tile's loads issue
+                if cutlass.const_expr(self.q_tma):
+                    work = self.tile_work_q_tma(tile_args, tile)
+                    state, q_state = role(work, role_args, state, q_state=q_state)
+                else:
+                    state = role(tile_work(*tile_args, tile), role_args, state)
+                tile, queue_state = publish(claimed, queue_state)
+            elif cutlass.const_expr(self.q_prefetch):
+                done = tile
+                state, tile, queue_state = role(
+                    tile_work(*tile_args, tile),
+                    role_args,
+                    state,
+                    receive,
+                    queue_state,
+                    tile_args,
+                )
+                self._count_visit(tile_args.work_tiles, done)
+            elif cutlass.const_expr(self.q_tma):
+                # One copy of the tile per Q stage, so each reads its stage at a constant
+                # address: a runtime stage index (or any Q pipeline state live across the
+                # block loop) moves the wgmma descriptors out of the uniform registers, 4
+                # R2UR in front of every wgmma, -2 to -7 % (session 9).
+                for q_stage in cutlass.range_constexpr(self.cfg.q_stages):
+                    if tile < num_tiles:
+                        state = role(
+                            self.tile_work_q_tma(tile_args, tile),
+                            role_args,
+                            state,
+                            q_stage=q_stage,
+                        )
+                        self._count_visit(tile_args.work_tiles, tile)
+                        tile, queue_state = receive(queue_state)
+            else:
+                state = role(tile_work(*tile_args, tile), role_args, state)
+                self._count_visit(tile_args.work_tiles, tile)
+                tile, queue_state = receive(queue_state)
+        if cutlass.const_expr(is_producer):
+            queue.finish()
+
+    @cute.jit
     def walk_queue_work(
         self,
         role,
         role_args,
         state,
-        q_state,
         tile_args,
         first_tile: Int32,
         queue,
-        queue_state,
         is_producer: cutlass.Constexpr[bool],
     ):
-        """`queue_work` (with `persistent` and `q_tma`): the producer publishes every tile,
-        the CTA's first included, with its TileWork; the consumers start each tile from
-        the slot, without the two dependent global loads (work_tiles row, then the
-        request's lengths) that would stand before its first block."""
+        """QUEUE_WITH_WORK (with `q_tma`): the producer publishes every tile, the CTA's first
+        included, with its TileWork; the consumers start each tile from the slot, without
+        the two dependent global loads (work_tiles row, then the request's lengths) that
+        would stand before its first block."""
         num_tiles = tile_args.work_tiles.shape[0]
+        users = pipeline.PipelineUserType
+        user = users.Producer if is_producer else users.Consumer
+        q_state = self.q_ring_state(is_producer)
+        queue_state = pipeline.make_pipeline_state(user, TILE_QUEUE_STAGES)
         publish_work, wait_tile, take_work = queue.publish_work, queue.wait_tile, queue.take_work
         tile = first_tile
         if cutlass.const_expr(is_producer):
@@ -685,7 +704,7 @@ class Sm90PagedPrefill:
         else:
             tile = wait_tile(queue_state)
             while tile < num_tiles:
-                # One copy of the tile per Q stage (constant addresses, see walk_tiles).
+                # One copy of the tile per Q stage (constant addresses, see walk_queue).
                 for q_stage in cutlass.range_constexpr(self.cfg.q_stages):
                     if tile < num_tiles:
                         # Its own name: `work` of the producer's branch would be carried.
@@ -693,6 +712,8 @@ class Sm90PagedPrefill:
                         state = role(received, role_args, state, q_stage=q_stage)
                         self._count_visit(tile_args.work_tiles, tile)
                         tile = wait_tile(queue_state)
+        if cutlass.const_expr(is_producer):
+            queue.finish()
 
     @cute.jit
     def tile_work_q_tma(self, tile_args, tile: Int32):
