@@ -16,7 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu-check}"; mkdir -p "$OUT"
 export PYTHONPATH="/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1 VLLM_FA4_CACHE_DIR="${VLLM_FA4_CACHE_DIR:-/tmp/vllm_fa4_cache}"
+export PYTHONUNBUFFERED=1 VLLM_FA4_CACHE_DIR="${VLLM_FA4_CACHE_DIR:-$HOME/.cache/vllm_fa4/kernels}"
 PY=python3
 VLLM="$PY -m vllm.entrypoints.cli.main"
 MODEL=configs/llama-3.1-8b
@@ -25,7 +25,11 @@ step() {  # step NAME SECONDS CMD...
   local name=$1 limit=$2; shift 2
   echo "=== $name (limit ${limit}s)"
   local t0=$SECONDS
-  timeout -k 10 "$limit" bash -c "$*" > "$OUT/$name.log" 2>&1
+  # Provenance in every log: the commit (COMMIT, set by the caller: the device copy has no
+  # .git), the machine and the command.
+  { echo "# commit=${COMMIT:-unknown} gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -1) date=$(date -u +%FT%TZ)"
+    echo "# command: $*"; } > "$OUT/$name.log"
+  timeout -k 10 "$limit" bash -c "$*" >> "$OUT/$name.log" 2>&1
   local rc=$?
   echo "=== $name rc=$rc in $((SECONDS - t0))s"
   tail -n "${TAIL:-25}" "$OUT/$name.log"
@@ -84,7 +88,18 @@ SOAK_OUT="${SOAK_OUT:-/tmp/soak}"
 SOAK_MINUTES="${SOAK_MINUTES:-5}"  # whole minutes; over 5 needs a call longer than 10 minutes
 SOAK_LIMIT="${SOAK_LIMIT:-$((SOAK_MINUTES * 60 + 290))}"
 export OUT PY VLLM MODEL SOAK_OUT
-export -f install serve_check throughput_check variant_tests
+sanitize() {  # compute-sanitizer over every served config (tools/sanitize_served.py)
+  $PY tools/sanitize_served.py --precompile | tail -1
+  local tool
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
+    echo "--- $tool"
+    compute-sanitizer --tool "$tool" --error-exitcode 3 --print-limit 20 \
+      $PY tools/sanitize_served.py > "$OUT/sanitize-$tool.log" 2>&1
+    echo "rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|wrong|BAD" "$OUT/sanitize-$tool.log" | tail -5
+  done
+}
+
+export -f install serve_check throughput_check variant_tests sanitize
 for s in "$@"; do
   case $s in
     env) step install 300 install; nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv ;;
@@ -133,6 +148,7 @@ for s in "$@"; do
     soakreport) TAIL=80 step soak-report 60 $PY benchmarks/soak.py --report-only --out "$SOAK_OUT"
       soak_copy ;;
     throughput) step throughput 420 throughput_check ;;
+    sanitize) TAIL=40 step sanitize "${SANITIZE_LIMIT:-580}" sanitize ;;
     *) echo "unknown step $s" ;;
   esac
 done

@@ -9,6 +9,10 @@ once, so a timed GPU session does not spend its minutes compiling one kernel aft
 ``default`` stands for the key's serving configs (every config the plan can pick). Each
 (key, config, lse) is compiled in its own worker process and written to the disk cache, where
 variants_ab.py, the tests and vLLM find it. Prints one line per kernel as it finishes.
+
+The cache must be private to the user who runs the server; to share kernels across a fleet, fill
+each user's own cache, or run this as root into a directory that is then made read-only
+(`chmod -R go+rX`; docs/reliability.md, "Kernel cache threat model").
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ OUT="${OUT:-/tmp/gpu-check}"; mkdir -p "$OUT" /tmp/diag
 printf 'import faulthandler, signal\nfaulthandler.register(signal.SIGUSR2, all_threads=True)\n' \
   > /tmp/diag/sitecustomize.py
 export PYTHONPATH=/tmp/diag:/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD/tests
-export VLLM_FA4_CACHE_DIR="${VLLM_FA4_CACHE_DIR:-/tmp/vllm_fa4_cache}"
+export VLLM_FA4_CACHE_DIR="${VLLM_FA4_CACHE_DIR:-$HOME/.cache/vllm_fa4/kernels}"
 B=${DIAG_BACKEND:-FA4}; LOG=$OUT/diag-server-$B.log
 python3 -m vllm.entrypoints.cli.main serve configs/llama-3.1-8b --load-format dummy \
   --attention-backend "$B" --max-model-len 32960 --enable-prefix-caching --port 8012 > "$LOG" 2>&1 &

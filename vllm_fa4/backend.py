@@ -33,6 +33,7 @@ from vllm_fa4.paged_prefill import run_prefill, split_kv_cache
 from vllm_fa4.paged_prefill.policy import configured_config, serving_configs
 
 _USE_INSTEAD = "use --attention-backend FLASH_ATTN for this model"
+FA3_SINK_MAX_Q_HEADS = 64  # FA3's s_aux: "We only support query heads <= 64 with S aux"
 
 
 def _reason(what: str) -> str:
@@ -96,8 +97,14 @@ class FA4AttentionBackend(AttentionBackend):
         if layout != "NHD":
             reasons.append(_reason(f"KV cache layout {layout} (only NHD)"))
         given = inspect.signature(super().validate_configuration).bind(*args, **kwargs)
+        dtype, kv_cache_dtype = given.arguments["dtype"], given.arguments["kv_cache_dtype"]
+        if kv_cache_dtype in ("float16", "bfloat16") and kv_cache_dtype != dtype_name(dtype):
+            reasons.append(
+                _reason(f"kv_cache_dtype {kv_cache_dtype} with model dtype {dtype_name(dtype)}")
+                + " (or --kv-cache-dtype auto)"
+            )
         return reasons + _environment_reasons(
-            given.arguments["head_size"], given.arguments["dtype"], given.arguments["block_size"]
+            given.arguments["head_size"], dtype, given.arguments["block_size"]
         )
 
 
@@ -178,20 +185,40 @@ class FA4AttentionImpl(FlashAttentionImpl):
             softcap=float(logits_soft_cap) if logits_soft_cap else None,
             sinks=sinks is not None,
         )
-        self._sinks_stamp = self._sinks_fp32_copy = None  # see _sinks_fp32
+        if sinks is not None and num_heads > FA3_SINK_MAX_Q_HEADS:
+            raise NotImplementedError(
+                f"FA4: attention sinks with {num_heads} query heads per GPU are not supported: "
+                f"the decode rows run on FA3, whose sinks take at most {FA3_SINK_MAX_Q_HEADS} "
+                "query heads (FLASH_ATTN has the same limit); use a larger "
+                "--tensor-parallel-size or an attention backend without it"
+            )
+
+    # The layer's sink weights load (and may reload) after construction, in the model's dtype.
+    # FA3's decode (FlashAttentionImpl reads self.sinks) takes them in bf16 only; our prefill
+    # kernel in fp32. Both copies are remade when the weights' storage or version changes,
+    # not on every call (this runs once per layer per step).
+    @property
+    def sinks(self) -> torch.Tensor | None:
+        return self._sink_weights_as(torch.bfloat16)
+
+    @sinks.setter
+    def sinks(self, weights: torch.Tensor | None) -> None:
+        self._sink_weights = weights
+        self._sink_copies: dict = {}  # dtype -> (stamp, copy)
+
+    def _sink_weights_as(self, dtype: torch.dtype) -> torch.Tensor | None:
+        weights = self._sink_weights
+        if weights is None or weights.dtype == dtype:
+            return weights
+        stamp = (weights.data_ptr(), weights._version)
+        cached = self._sink_copies.get(dtype)
+        if cached is None or cached[0] != stamp:
+            cached = self._sink_copies[dtype] = (stamp, weights.to(dtype))
+        return cached[1]
 
     def _sinks_fp32(self) -> torch.Tensor | None:
-        """The sink logits as the kernel reads them (fp32). The weights load (and may reload)
-        after construction, so the copy is remade when the parameter's storage or version
-        changes, not on every call (this runs once per layer per step)."""
-        sinks = self.sinks
-        if sinks is None or sinks.dtype == torch.float32:
-            return sinks
-        stamp = (sinks.data_ptr(), sinks._version)
-        if self._sinks_stamp != stamp:
-            self._sinks_fp32_copy = sinks.float()
-            self._sinks_stamp = stamp
-        return self._sinks_fp32_copy
+        """The sink logits as the prefill kernel reads them."""
+        return self._sink_weights_as(torch.float32)
 
     def forward(
         self,

@@ -4,7 +4,8 @@ VLLM_FA4_VARIANT        kernel config spec (``KernelConfig.parse``), read by the
                         builder at startup; unset: each key's ``policy.serving_configs``
 VLLM_FA4_PREFILL_ROUTE  ``auto`` / ``kernel`` / ``reference`` (``paged_prefill.route``)
 VLLM_FA4_CACHE_DIR      compiled-kernel disk cache (``kernels.cache``; default
-                        ``~/.cache/vllm_fa4/kernels``)
+                        ``~/.cache/vllm_fa4/kernels``); must be a directory only this user
+                        (or root) can write, else kernels are compiled in memory
 VLLM_FA4_TEST_VARIANTS  config specs, or ``all``, that GPU tests and variant benchmarks sweep
                         (``testing.variants``)
 VLLM_FA4_FUZZ_COUNT     batches per kernel config in the fuzz suite (``tests/gpu/test_fuzz.py``,
@@ -18,6 +19,7 @@ A leaf: strings and ints only, the callers parse them (nothing here imports the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -79,7 +81,16 @@ def fuzz_replay() -> str | None:
     return os.environ.get(FUZZ_REPLAY, "").strip() or None
 
 
-def default_cute_dsl_arch() -> None:
-    """Compile for Hopper unless the caller chose another target (must run before cutlass
-    is imported; also what lets a CPU machine compile the kernel)."""
+def default_cute_dsl_env() -> None:
+    """CuTe-DSL settings unless the caller chose others (must run before cutlass is imported):
+
+    - ``CUTE_DSL_ARCH=sm_90a``: compile for Hopper (also what lets a CPU machine compile);
+    - ``CUTE_DSL_CACHE_DIR`` inside our kernel cache directory: otherwise cutlass creates
+      ``$TMPDIR/$USER/cutlass_python_cache`` at import without checking who owns it, and
+      ``@cute.jit`` calls (not our ``cute.compile``, which never uses that cache) would load
+      IR from it: a planting spot on a shared host. Only a path: cutlass creates nothing
+      there unless it writes IR.
+    """
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    with contextlib.suppress(RuntimeError):  # no home directory: cutlass keeps its default
+        os.environ.setdefault("CUTE_DSL_CACHE_DIR", str(kernel_cache_dir() / "cute_dsl"))

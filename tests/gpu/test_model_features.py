@@ -139,3 +139,37 @@ def test_all_features_together(page):
         sinks=True,
     )
     _check(case)
+
+
+@pytest.mark.parametrize("page", [16, 128])
+def test_gpt_oss_windowed_layer(page):
+    """gpt-oss's windowed layers exactly: head dim 64, 64/8 heads, sinks, a 128-key window."""
+    case = _make(
+        [(1500, 1500), (700, 700 + 5000), (3, 90)],
+        page,
+        hq=64,
+        hkv=8,
+        hd=64,
+        window_left=127,
+        sinks=True,
+    )
+    _changes_reference(case, window_left=None)
+    _check(case)
+
+
+@pytest.mark.parametrize("page", [16, 128])
+@pytest.mark.parametrize("window_left", [4095, None])  # Gemma 2 alternates windowed / global
+def test_gemma2_layers(page, window_left):
+    """Gemma-2-9B's layers exactly: head dim 256, 16/8 heads, cap 50, a 4k window or none."""
+    case = _make(
+        [(2048, 2048 + 6000), (900, 900), (1, 5000)],
+        page,
+        hq=16,
+        hkv=8,
+        hd=256,
+        window_left=window_left,
+        softcap=50.0,
+    )
+    if window_left is not None:
+        _changes_reference(case, window_left=None)
+    _check(case)

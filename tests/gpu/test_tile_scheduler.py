@@ -1,6 +1,11 @@
 """Every work tile runs exactly once, under both tile schedulers: one CTA per tile, and the
 persistent grid whose CTAs claim tiles from the atomic counter (tile_scheduler.TileQueue).
 
+The configs: a hand list of scheduler variants, plus every config serving can pick
+(``testing.variants.served_configs``: the serving picks of each head dim at pages 16 and 128,
+with and without a window, run at that head dim, page and window; tests/unit/test_variants.py
+checks that these cover every supported key's picks).
+
 The kernels are built with the test-only ``count_visits`` field (no spec can set it): after
 a tile's epilogue one consumer thread adds 1 to the tile's cost column of ``work_tiles``, so
 after a launch every row's cost must have grown by exactly 1. The outputs are checked against
@@ -15,6 +20,7 @@ import pytest
 import torch
 
 from vllm_fa4.kernels.config import KernelConfig
+from vllm_fa4.testing.variants import served_configs
 
 pytestmark = pytest.mark.gpu
 
@@ -37,7 +43,29 @@ SCHEDULERS = [
     "queue_with_work+overlap+q_tma+v_warp+lazy_max",
 ]
 
-# (specs, Hq, Hkv, num_ctas: None = min(tiles, SMs))
+WINDOW_LEFT = 300  # the window of the served configs picked for windowed keys
+
+
+def _run_params():
+    """(head dim, page, window_left, config) per config: the hand list at head dim 128 (64 for
+    three warpgroups), page 16, no window; the served configs at their key's."""
+    runs = []
+    for spec in SCHEDULERS:
+        config = KernelConfig.parse(spec)
+        runs.append(pytest.param(64 if config.mma_wgs == 3 else 128, 16, None, config, id=spec))
+    for key, config in served_configs():
+        window = WINDOW_LEFT if key.sliding_window else None
+        name = f"served-hd{key.head_dim}-page{key.page_size}{'-window' if window else ''}"
+        runs.append(
+            pytest.param(key.head_dim, key.page_size, window, config, id=f"{name}-{config.spec}")
+        )
+    return runs
+
+
+RUNS = _run_params()
+
+# (specs, Hq, Hkv, num_ctas: None = min(tiles, SMs)); every shape's GQA group is 4, the
+# representative keys' (testing.variants.representative_keys)
 SHAPES = {
     # ~3000 one-block tiles: 132 CTAs hammer the counter
     "many_tiny": ([(1 + i % 7, 1 + i % 7 + (i * 37) % 60) for i in range(380)], 32, 8, None),
@@ -57,15 +85,16 @@ def _launch(plan, case, q, num_ctas):
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("spec", SCHEDULERS)
-def test_every_tile_runs_exactly_once(spec, shape):
+@pytest.mark.parametrize("head_dim,page,window_left,config", RUNS)
+def test_every_tile_runs_exactly_once(head_dim, page, window_left, config, shape):
     from vllm_fa4.kernels import launch as kernel_launch
     from vllm_fa4.testing import cases, checks
 
     specs, hq, hkv, num_ctas = SHAPES[shape]
-    config = dataclasses.replace(KernelConfig.parse(spec), count_visits=True)
-    head_dim = 64 if config.mma_wgs == 3 else 128
-    case = cases.make_paged_case(specs, hq, hkv, head_dim, 16, torch.bfloat16, "cuda", seed=3)
+    config = dataclasses.replace(config, count_visits=True)
+    case = cases.make_paged_case(
+        specs, hq, hkv, head_dim, page, torch.bfloat16, "cuda", seed=3, window_left=window_left
+    )
     plan = case.plan(config)
     if not config.persistent:
         num_ctas = None  # one CTA per tile, whatever the test asks

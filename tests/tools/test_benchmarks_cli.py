@@ -413,6 +413,7 @@ def test_variants_ab_run_passes_window_and_softcap(variants_ab, monkeypatch, cap
 
     monkeypatch.setattr(variants_ab, "make_paged_case", cpu_case)
     monkeypatch.setattr(variants_ab, "fa3_call", lambda case, out=None: lambda: None)
+    monkeypatch.setattr(variants_ab, "fa3_contiguous_call", lambda case: lambda: None)
     import vllm_fa4.kernels.launch as launch_module  # PagedCase.ours imports it per call
 
     monkeypatch.setattr(launch_module, "prefill_forward", launch)
@@ -423,7 +424,24 @@ def test_variants_ab_run_passes_window_and_softcap(variants_ab, monkeypatch, cap
     assert seen["launch"] == {"window_left": window, "softcap": 30.0, "sinks": None}
     rows = capsys.readouterr().out.splitlines()
     assert rows[0].lstrip().startswith("tiny p16 w127 cap30 | FA3")
+    assert "| FA3c" in rows[1] and "/FA3 " in rows[2] and "/FA3c " in rows[2]
     assert all(" 100.0 TFLOP/s" in row for row in rows), rows
+
+
+def test_variants_ab_contiguous_kv_is_the_paged_cache_in_order(variants_ab):
+    import torch
+
+    make_paged_case, _ = _testing()
+    specs = [(5, 40), (0, 7), (17, 17)]
+    case = make_paged_case(specs, 8, 2, 64, 16, torch.bfloat16, "cpu", seed=3)
+    k, v, cu = variants_ab.contiguous_kv(case)
+    assert cu.tolist() == [0, 40, 47, 64] and k.shape == v.shape == (64, 2, 64)
+    assert k.is_contiguous() and torch.isfinite(k).all() and torch.isfinite(v).all()
+    for b, (_, k_len) in enumerate(specs):
+        for t in (0, k_len - 1):
+            block, slot = int(case.page_table[b, t // 16]), t % 16
+            assert torch.equal(k[cu[b] + t], case.k_cache[block, slot])
+            assert torch.equal(v[cu[b] + t], case.v_cache[block, slot])
 
 
 def test_variants_ab_run_takes_the_model_shape_and_sinks(variants_ab, monkeypatch, capsys):
@@ -442,6 +460,7 @@ def test_variants_ab_run_takes_the_model_shape_and_sinks(variants_ab, monkeypatc
 
     monkeypatch.setattr(variants_ab, "make_paged_case", cpu_case)
     monkeypatch.setattr(variants_ab, "fa3_call", lambda case, out=None: lambda: None)
+    monkeypatch.setattr(variants_ab, "fa3_contiguous_call", lambda case: lambda: None)
     import vllm_fa4.kernels.launch as launch_module
 
     monkeypatch.setattr(launch_module, "prefill_forward", launch)

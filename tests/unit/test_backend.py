@@ -49,6 +49,10 @@ def test_name_matches_enum_member():
 @pytest.mark.parametrize("block_size", [16, 32, 64, 128, 256])
 def test_supported_configurations_pass(head_size, dtype, block_size):
     assert reasons(head_size=head_size, dtype=dtype, block_size=block_size) == []
+    same = str(dtype).removeprefix("torch.")  # a cache dtype spelled as the model's
+    assert (
+        reasons(head_size=head_size, dtype=dtype, block_size=block_size, kv_cache_dtype=same) == []
+    )
 
 
 @pytest.mark.parametrize(
@@ -66,6 +70,8 @@ def test_supported_configurations_pass(head_size, dtype, block_size):
         (dict(use_mla=True), "MLA"),
         (dict(use_mm_prefix=True), "multimodal"),
         (dict(use_batch_invariant=True), "batch invariance"),
+        (dict(kv_cache_dtype="float16"), "kv_cache_dtype float16 with model dtype bfloat16"),
+        (dict(dtype=torch.float16, kv_cache_dtype="bfloat16"), "with model dtype float16"),
     ],
 )
 def test_rejections_name_the_feature_and_the_alternative(changes, words):
@@ -155,3 +161,31 @@ def test_bf16_sinks_are_converted_once_per_weight_version(monkeypatch):
 def test_impl_refuses_at_construction(changes, words):
     with pytest.raises(NotImplementedError, match=words):
         FA4AttentionImpl(**{**IMPL_ARGS, **changes})
+
+
+def test_fa3_decode_gets_bf16_sinks_whatever_the_model_dtype(monkeypatch):
+    """FA3's s_aux takes bf16 only; vLLM makes a layer's sinks in the model's dtype, so an
+    fp16 model's would fail at its first decode. The decode path reads a bf16 copy, remade
+    when the weights change; the prefill kernel an fp32 one."""
+    import vllm.v1.attention.backends.flash_attn as fa
+
+    monkeypatch.setattr(fa, "flash_attn_supports_sinks", lambda: True, raising=False)
+    weights = torch.nn.Parameter(torch.zeros(32, dtype=torch.float16), requires_grad=False)
+    impl = FA4AttentionImpl(**{**IMPL_ARGS, "sinks": weights})
+    assert impl.sinks.dtype == torch.bfloat16 and impl.sinks is impl.sinks
+    with torch.no_grad():
+        weights.copy_(torch.linspace(-2, 4, 32, dtype=torch.float16))
+    assert torch.equal(impl.sinks, weights.to(torch.bfloat16))
+    assert torch.equal(impl._sinks_fp32(), weights.float())
+    bf16 = torch.nn.Parameter(torch.ones(32, dtype=torch.bfloat16), requires_grad=False)
+    assert FA4AttentionImpl(**{**IMPL_ARGS, "sinks": bf16}).sinks is bf16  # no copy
+
+
+def test_sinks_with_more_query_heads_than_fa3_takes_are_refused_at_construction(monkeypatch):
+    import vllm.v1.attention.backends.flash_attn as fa
+
+    monkeypatch.setattr(fa, "flash_attn_supports_sinks", lambda: True, raising=False)
+    args = {**IMPL_ARGS, "num_heads": 128, "num_kv_heads": 8}
+    FA4AttentionImpl(**args)  # without sinks: fine
+    with pytest.raises(NotImplementedError, match="sinks with 128 query heads.*at most 64"):
+        FA4AttentionImpl(**args, sinks=torch.zeros(128, dtype=torch.bfloat16))

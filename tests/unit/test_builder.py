@@ -1,11 +1,12 @@
 """FA4MetadataBuilder.build on named batch specs, fields checked against hand-computed values."""
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from vllm_fa4.kernels.config import KernelKey, tile_geometry
+from vllm_fa4.kernels.config import KernelKey, KvBox, tile_geometry
 from vllm_fa4.paged_prefill.plan import L2_SECTION_BYTES, build_work_tiles
 
 BLOCK = 16
@@ -239,3 +240,43 @@ def make_builder_for(vllm_config, layer_names):
 
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HKV, head_size=D, dtype=torch.bfloat16)
     return FA4MetadataBuilder(spec, layer_names, vllm_config, torch.device("cpu"))
+
+
+def _builder_with_spec(vllm_config, **spec_fields):
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    from vllm_fa4.metadata import FA4MetadataBuilder
+
+    fields = dict(block_size=BLOCK, num_kv_heads=HKV, head_size=D, dtype=torch.bfloat16)
+    spec = FullAttentionSpec(**(fields | spec_fields))
+    return FA4MetadataBuilder(spec, ["layer.0"], vllm_config, torch.device("cpu"))
+
+
+def test_padded_pages_are_decided_at_startup(vllm_config, caplog):
+    """vLLM pads attention pages (``page_size_padded``) to a hybrid model's largest page: the
+    builder fits its configs to that block stride when it is created, not mid-request."""
+    import logging
+
+    page = 2 * BLOCK * HKV * D * 2
+    plain = _builder_with_spec(vllm_config).kernel_configs
+    assert plain.long.kv_box is KvBox.WIDE  # page 16, head dim 128: whole-row boxes
+    with caplog.at_level(logging.INFO, logger="vllm_fa4"):
+        padded = _builder_with_spec(vllm_config, page_size_padded=page + 16).kernel_configs
+    assert padded.long.kv_box is KvBox.PER_CHUNK and padded.short == plain.short
+    assert dataclasses.replace(padded.long, kv_box=KvBox.WIDE) == plain.long
+    assert any("padded KV pages" in r.getMessage() for r in caplog.records)
+    # a pad of whole boxes (16 token slots) keeps them
+    whole = _builder_with_spec(vllm_config, page_size_padded=page + 16 * HKV * 2 * D * 2)
+    assert whole.kernel_configs == plain
+
+
+def test_unreadable_padded_pages_are_refused_at_startup(vllm_config):
+    page = 2 * BLOCK * HKV * D * 2
+    with pytest.raises(NotImplementedError, match="block stride .* 16 bytes.*FLASH_ATTN"):
+        _builder_with_spec(vllm_config, page_size_padded=page + 6)
+
+
+def test_kv_cache_dtype_unlike_the_models_is_refused_at_startup(vllm_config):
+    """vllm_config's model is bf16: an fp16 cache would fail at the first prefill."""
+    with pytest.raises(NotImplementedError, match="KV cache dtype float16 with model dtype"):
+        _builder_with_spec(vllm_config, dtype=torch.float16)

@@ -1,4 +1,9 @@
-"""Kernel-cache faults (CPU): a bad entry, an unwritable directory, two processes at once.
+"""Kernel-cache faults and who may write the cache (CPU).
+
+Faults: a bad entry, an unwritable directory, lock errors, two processes at once. Trust
+(docs/reliability.md, "Kernel cache threat model"): a file that another user wrote or could
+have replaced is never linked into the process. Tests that act as a second user (uid 4242:
+``os.setresuid`` in a forked child) or ``chown`` need root, as CI runs.
 
 Most tests hand ``KernelCache`` a fake compiler and loader (``testing.fake_kernels``); one
 compiles and loads a real CuTe-DSL kernel for sm_90a (no GPU needed to compile or load).
@@ -6,21 +11,35 @@ compiles and loads a real CuTe-DSL kernel for sm_90a (no GPU needed to compile o
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import json
 import logging
 import os
+import pickle
+import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
+import time
+import traceback
 from pathlib import Path
 
 import pytest
 
 from vllm_fa4 import envs
 from vllm_fa4.kernels import cache as cache_mod
-from vllm_fa4.kernels.cache import KernelCache, digest_path
-from vllm_fa4.testing.fake_kernels import FakeKernel, RecordingCompiler, load_fake_kernel
+from vllm_fa4.kernels.cache import KernelCache, digest_path, entry_record
+from vllm_fa4.testing.fake_kernels import FakeKernel, RecordingCompiler, RecordingLoader
 
 ENTRIES = [("key", n, False) for n in range(3)]
+OTHER_UID = 4242  # the other local user
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="acting as another user (chown, setresuid) needs root"
+)
 
 
 @pytest.fixture
@@ -30,9 +49,14 @@ def cache_dir(tmp_path, monkeypatch):
     return d
 
 
-def fake_cache(tmp_path, tag="") -> tuple[KernelCache, RecordingCompiler]:
+def fake_cache(tmp_path, tag="", **kwargs) -> tuple[KernelCache, RecordingCompiler]:
     compiler = RecordingCompiler(tmp_path / "compiles.txt", tag=tag)
-    return KernelCache(compiler, "fn", loader=load_fake_kernel), compiler
+    return KernelCache(compiler, "fn", loader=RecordingLoader(), **kwargs), compiler
+
+
+def loads(cache: KernelCache) -> list[bytes]:
+    """What ``cache``'s loader was asked to link."""
+    return cache._loader.calls
 
 
 def warnings_of(caplog) -> list[str]:
@@ -43,40 +67,155 @@ def warnings_of(caplog) -> list[str]:
     ]
 
 
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+def in_child(fn, *args, uid: int | None = None, umask: int | None = None):
+    """``fn(*args)`` in a forked child, as ``uid`` and/or under ``umask``: its return value
+    (an exception in the child fails the test with the child's traceback)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        os.close(read_end)
+        try:
+            if umask is not None:
+                os.umask(umask)
+            if uid is not None:
+                os.setgroups([])
+                os.setresgid(uid, uid, uid)
+                os.setresuid(uid, uid, uid)
+            result = ("ok", fn(*args))
+        except BaseException:
+            result = ("error", traceback.format_exc())
+        with os.fdopen(write_end, "wb") as f:
+            pickle.dump(result, f)
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        status, value = pickle.load(f)
+    os.waitpid(pid, 0)
+    assert status == "ok", f"child failed:\n{value}"
+    return value
+
+
+class WarningsSeen(logging.Handler):
+    """Collects vllm_fa4 warnings (in a forked child, where caplog cannot see them)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+        logging.getLogger("vllm_fa4").addHandler(self)
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def subprocess_env(drop=(), **extra) -> dict[str, str]:
+    """The environment for a subprocess that imports the same ``vllm_fa4`` as this test (a
+    worktree or the installed wheel, whatever an editable install elsewhere would give)."""
+    import vllm_fa4
+
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    package_root = str(Path(vllm_fa4.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    return dict(env, **extra)
+
+
+@pytest.fixture
+def shared_base():
+    """A world-writable sticky directory, like /tmp (pytest's tmp_path is private to root)."""
+    base = Path(tempfile.mkdtemp(prefix="vllm-fa4-cache-test-"))
+    base.chmod(0o1777)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+# ---- the happy path ---------------------------------------------------------------------
+
+
 def test_entry_written_once_then_loaded(cache_dir, tmp_path, caplog):
     first, compiler = fake_cache(tmp_path)
     fn = first.get(ENTRIES[0])
     assert fn == FakeKernel(repr(ENTRIES[0])) and first.get(ENTRIES[0]) is fn  # memory
     path = first.entry_path(ENTRIES[0])
     assert path.parent == cache_dir and path.exists() and digest_path(path).exists()
+    assert mode(cache_dir) == 0o700
+    assert {p.name: mode(p) for p in cache_dir.iterdir()} == {
+        path.name: 0o600,
+        digest_path(path).name: 0o600,
+        path.with_suffix(".lock").name: 0o600,
+    }  # and no temporary files left behind
+    record = json.loads(digest_path(path).read_bytes())
+    assert record["entry"] == repr(ENTRIES[0]) and record["fingerprint"] == first.fingerprint
     second, _ = fake_cache(tmp_path)
     assert second.get(ENTRIES[0]) == FakeKernel(repr(ENTRIES[0]), source="loaded")
+    assert loads(second) == [path.read_bytes()]
     assert len(compiler.compiles()) == 1 and warnings_of(caplog) == []
 
 
-def _truncate(path):
+def test_fresh_cache_dir_and_files_are_private_whatever_the_umask(shared_base, monkeypatch):
+    """Under umask 000 the parents the cache creates, the directory and every file in it are
+    still 0700 / 0600 (Path.mkdir(parents=True) would make the parents 0777)."""
+    cache_dir = shared_base / "home" / ".cache" / "kernels"
+    monkeypatch.setenv(envs.CACHE_DIR, str(cache_dir))
+
+    def fill():
+        cache = KernelCache(lambda *e: FakeKernel(repr(e)), "fn", loader=RecordingLoader())
+        return cache.get(ENTRIES[0]).source
+
+    assert in_child(fill, umask=0o000) == "compiled"
+    for d in (shared_base / "home", shared_base / "home" / ".cache", cache_dir):
+        assert mode(d) == 0o700, d
+    files = {p.suffix: mode(p) for p in cache_dir.iterdir()}
+    assert files == {".o": 0o600, ".sha256": 0o600, ".lock": 0o600}
+
+
+# ---- bad entries: a miss, logged, recompiled, rewritten ---------------------------------
+
+
+def _truncate(cache, path):
     path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
 
 
-def _flip_one_byte(path):  # same length, the loader would accept it: only the digest sees it
+def _flip_one_byte(cache, path):  # same length, the loader would accept it: only the digest
     data = bytearray(path.read_bytes())
     data[-1] ^= 0x01
     path.write_bytes(bytes(data))
 
 
-def _garbage_with_matching_digest(path):  # the loader (linker) must reject it
+def _garbage_with_matching_record(cache, path):  # the loader (linker) must reject it
     path.write_bytes(b"\x7fELF garbage")
+    digest_path(path).write_bytes(entry_record(cache.fingerprint, ENTRIES[0], path.read_bytes()))
+
+
+def _old_format_digest(cache, path):  # what the cache wrote before records: a bare sha256
     import hashlib
 
     digest_path(path).write_text(hashlib.sha256(path.read_bytes()).hexdigest())
 
 
+def _other_fingerprint(cache, path):  # a valid object and record, of other kernel sources
+    record = json.loads(digest_path(path).read_bytes())
+    record["fingerprint"] = "0" * 64
+    digest_path(path).write_text(json.dumps(record))
+
+
+def _renamed_from_another_entry(cache, path):  # entry 1's valid files under entry 0's name
+    other = cache.entry_path(ENTRIES[1])
+    shutil.copy(other, path)
+    shutil.copy(digest_path(other), digest_path(path))
+
+
 CORRUPTIONS = {
     "truncated": _truncate,
-    "empty": lambda p: p.write_bytes(b""),
+    "empty": lambda cache, p: p.write_bytes(b""),
     "one_byte_flipped": _flip_one_byte,
-    "digest_missing": lambda p: digest_path(p).unlink(),
-    "loader_rejects": _garbage_with_matching_digest,
+    "digest_missing": lambda cache, p: digest_path(p).unlink(),
+    "loader_rejects": _garbage_with_matching_record,
+    "old_format_digest": _old_format_digest,
+    "other_fingerprint": _other_fingerprint,
+    "renamed_from_another_entry": _renamed_from_another_entry,
 }
 
 
@@ -85,25 +224,29 @@ def test_bad_entry_is_recompiled_logged_served_and_rewritten(
     corruption, cache_dir, tmp_path, caplog
 ):
     writer, compiler = fake_cache(tmp_path)
-    writer.get(ENTRIES[0])
+    writer.get(ENTRIES[0]), writer.get(ENTRIES[1])
     path = writer.entry_path(ENTRIES[0])
-    CORRUPTIONS[corruption](path)
+    CORRUPTIONS[corruption](writer, path)
 
     reader, _ = fake_cache(tmp_path)
     with caplog.at_level(logging.WARNING, logger="vllm_fa4"):
         fn = reader.get(ENTRIES[0])
     assert fn == FakeKernel(repr(ENTRIES[0]))  # served: freshly compiled
-    assert len(compiler.compiles()) == 2
+    assert len(compiler.compiles()) == 3
+    # Only an entry whose record checks out reaches the loader (which then rejects garbage).
+    assert loads(reader) == ([b"\x7fELF garbage"] if corruption == "loader_rejects" else [])
     (warning,) = warnings_of(caplog)
     assert "bad kernel cache entry" in warning and str(path) in warning
     # Rewritten: the next process loads it without compiling.
     again, _ = fake_cache(tmp_path)
-    assert again.get(ENTRIES[0]).source == "loaded" and len(compiler.compiles()) == 2
+    assert again.get(ENTRIES[0]) == FakeKernel(repr(ENTRIES[0]), source="loaded")
+    assert len(compiler.compiles()) == 3
 
 
 def test_real_kernel_entry_corrupted_is_recompiled(cache_dir, caplog):
-    """The real thing: a CuTe-DSL kernel for sm_90a, exported, truncated, then replaced by
-    garbage the linker must reject; each time recompiled, logged and served (~10 s)."""
+    """The real thing: a CuTe-DSL kernel for sm_90a, exported, linked back from its bytes,
+    truncated, then replaced by garbage (with a matching record) that the linker must
+    reject; each time recompiled, logged and served (~10 s)."""
     from vllm_fa4.kernels.compile import DEFAULT_CONFIG, compile_kernel
     from vllm_fa4.kernels.config import KernelKey
 
@@ -118,10 +261,16 @@ def test_real_kernel_entry_corrupted_is_recompiled(cache_dir, caplog):
         return KernelCache(counting, "vllm_fa4_prefill")
 
     assert fresh().get(entry) is not None and len(compiles) == 1
+    assert callable(fresh().get(entry)) and len(compiles) == 1  # loaded from disk
     path = fresh().entry_path(entry)
     assert path.stat().st_size > 1000
-    for corrupt in (_truncate, _garbage_with_matching_digest):
-        corrupt(path)
+
+    def garbage(cache, path):
+        path.write_bytes(b"\x7fELF garbage")
+        digest_path(path).write_bytes(entry_record(cache.fingerprint, entry, path.read_bytes()))
+
+    for corrupt in (_truncate, garbage):
+        corrupt(fresh(), path)
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="vllm_fa4"):
             assert fresh().get(entry) is not None
@@ -129,6 +278,203 @@ def test_real_kernel_entry_corrupted_is_recompiled(cache_dir, caplog):
         assert "bad kernel cache entry" in warning
     assert len(compiles) == 3
     assert callable(fresh().get(entry)) and len(compiles) == 3  # rewritten entry loads
+
+
+# ---- who may write the cache ------------------------------------------------------------
+
+
+def _chown_dir(d, tmp_path):
+    os.chown(d, OTHER_UID, OTHER_UID)
+
+
+def _symlink_dir(d, tmp_path):  # a link to a valid private directory of ours
+    real = tmp_path / "real-kernels"
+    d.rename(real)
+    d.symlink_to(real)
+
+
+UNTRUSTED_DIRS = {
+    "owned_by_another_user": (_chown_dir, "owned by uid 4242"),
+    "group_writable": (lambda d, t: d.chmod(0o770), "writable by group or others (mode 0770)"),
+    "world_writable_sticky": (lambda d, t: d.chmod(0o1777), "writable by group or others"),
+    "symlink": (_symlink_dir, "symbolic link"),
+}
+
+
+@pytest.mark.parametrize("kind", list(UNTRUSTED_DIRS))
+def test_untrusted_cache_dir_is_never_read_or_written(kind, cache_dir, tmp_path, caplog):
+    """The directory holds a valid entry of ours, but another user owns the directory or
+    could write into it: nothing is loaded from it or created in it; one warning."""
+    if kind == "owned_by_another_user" and os.geteuid() != 0:
+        pytest.skip("chown needs root")
+    writer, compiler = fake_cache(tmp_path)
+    writer.get(ENTRIES[0])
+    make_untrusted, reason = UNTRUSTED_DIRS[kind]
+    make_untrusted(cache_dir, tmp_path)
+    before = sorted(p.name for p in cache_dir.iterdir())
+
+    reader, _ = fake_cache(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="vllm_fa4"):
+        fns = [reader.get(e) for e in ENTRIES]
+    assert fns == [FakeKernel(repr(e)) for e in ENTRIES]  # all compiled in memory
+    assert loads(reader) == [] and len(compiler.compiles()) == 1 + len(ENTRIES)
+    (warning,) = warnings_of(caplog)
+    assert f"kernel cache dir {cache_dir} is not used" in warning and reason in warning
+    assert envs.CACHE_DIR in warning
+    assert sorted(p.name for p in cache_dir.iterdir()) == before  # no lock, no write
+
+
+def _chown_file(path):
+    os.chown(path, OTHER_UID, OTHER_UID)
+
+
+def _symlink_to_copy(path):  # a link to a valid copy (ours, 0600) outside the directory
+    copy = path.parent.parent / f"elsewhere-{path.name}"
+    shutil.copy(path, copy)
+    path.unlink()
+    path.symlink_to(copy)
+
+
+UNTRUSTED_FILES = {
+    "object_owned_by_another_user": (".o", _chown_file),
+    "record_owned_by_another_user": (".sha256", _chown_file),
+    "object_world_writable": (".o", lambda p: p.chmod(0o666)),
+    "record_group_writable": (".sha256", lambda p: p.chmod(0o620)),
+    "object_symlink": (".o", _symlink_to_copy),
+    "record_symlink": (".sha256", _symlink_to_copy),
+}
+
+
+@pytest.mark.parametrize("kind", list(UNTRUSTED_FILES))
+def test_untrusted_entry_file_is_never_loaded(kind, cache_dir, tmp_path, caplog):
+    """A valid entry whose object or record another user owns or could write, or that is a
+    symlink to valid files: a bad entry (not linked), recompiled and rewritten."""
+    if "owned_by_another_user" in kind and os.geteuid() != 0:
+        pytest.skip("chown needs root")
+    writer, compiler = fake_cache(tmp_path)
+    writer.get(ENTRIES[0])
+    suffix, make_untrusted = UNTRUSTED_FILES[kind]
+    path = writer.entry_path(ENTRIES[0])
+    make_untrusted(path.with_suffix(suffix))
+
+    reader, _ = fake_cache(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="vllm_fa4"):
+        assert reader.get(ENTRIES[0]) == FakeKernel(repr(ENTRIES[0]))
+    assert loads(reader) == [] and len(compiler.compiles()) == 2
+    (warning,) = warnings_of(caplog)
+    assert "bad kernel cache entry" in warning
+    again, _ = fake_cache(tmp_path)  # rewritten by us: trusted again
+    assert again.get(ENTRIES[0]).source == "loaded" and len(compiler.compiles()) == 2
+
+
+def _plant(cache_dir: str, make_dir: bool, files: dict[str, bytes]) -> None:
+    """The other user: (make the cache directory first, world-writable,) then put a valid
+    looking object and a matching record under every entry's name."""
+    if make_dir:
+        os.mkdir(cache_dir, 0o777)
+    for name, data in files.items():
+        with open(os.path.join(cache_dir, name), "wb") as f:
+            f.write(data)
+
+
+@needs_root
+@pytest.mark.parametrize("who_made_the_dir", ["other_user", "victim_world_writable"])
+def test_objects_planted_by_another_user_are_never_loaded(
+    who_made_the_dir, shared_base, tmp_path, monkeypatch, caplog
+):
+    """The attack of the review (issue 28): another user plants objects and records for
+    every entry name (computable from public versions) in a directory it could write."""
+    cache_dir = shared_base / "kernels"
+    monkeypatch.setenv(envs.CACHE_DIR, str(cache_dir))
+    victim, compiler = fake_cache(tmp_path)
+    planted = FakeKernel("PLANTED")
+    planted.export_to_c(tmp_path / "planted.o", function_name="fn")
+    data = (tmp_path / "planted.o").read_bytes()
+    files = {}
+    for entry in ENTRIES:
+        name = victim.entry_name(entry)
+        files[f"{name}.o"] = data
+        files[f"{name}.sha256"] = entry_record(victim.fingerprint, entry, data)
+    if who_made_the_dir == "victim_world_writable":
+        cache_dir.mkdir()
+        cache_dir.chmod(0o777)
+    in_child(
+        _plant, str(cache_dir), who_made_the_dir == "other_user", files, uid=OTHER_UID, umask=0
+    )
+
+    with caplog.at_level(logging.WARNING, logger="vllm_fa4"):
+        fns = [victim.get(e) for e in ENTRIES]
+    assert fns == [FakeKernel(repr(e)) for e in ENTRIES]  # compiled, never the planted one
+    assert loads(victim) == [] and len(compiler.compiles()) == len(ENTRIES)
+    (warning,) = warnings_of(caplog)
+    assert "is not used" in warning
+    assert "owned by uid 4242" in warning or "writable by group or others" in warning
+    assert sorted(p.name for p in cache_dir.iterdir()) == sorted(files)  # nothing added
+
+
+@needs_root
+def test_root_owned_read_only_dir_serves_other_users(shared_base, tmp_path, monkeypatch):
+    """The fleet's shared cache: filled by root (tools/precompile.py), then made readable
+    (`chmod -R go+rX`). Another user loads what it holds, compiles the rest in memory with one
+    warning, and creates nothing in it."""
+    cache_dir = shared_base / "kernels"
+    monkeypatch.setenv(envs.CACHE_DIR, str(cache_dir))
+    root_cache, _ = fake_cache(tmp_path)
+    root_cache.get(ENTRIES[0])
+    subprocess.run(["chmod", "-R", "go+rX", str(cache_dir)], check=True)
+    before = sorted(p.name for p in cache_dir.iterdir())
+    user_cache = KernelCache(lambda *e: FakeKernel(repr(e)), "fn", loader=RecordingLoader())
+    assert user_cache.fingerprint  # computed now: our sources may be unreadable to uid 4242
+
+    def serve():
+        seen = WarningsSeen()
+        return [user_cache.get(e).source for e in ENTRIES], seen.messages
+
+    sources, warnings = in_child(serve, uid=OTHER_UID)
+    assert sources == ["loaded", "compiled", "compiled"]
+    (warning,) = warnings
+    assert "not writable or cannot be locked" in warning and "Permission denied" in warning
+    assert sorted(p.name for p in cache_dir.iterdir()) == before
+
+
+# ---- writes ------------------------------------------------------------------------------
+
+
+def test_writes_are_made_in_a_private_directory_and_renamed(cache_dir, tmp_path):
+    """export_to_c (which takes a path) writes into a fresh 0700 directory of ours inside the
+    cache, never into the cache directory itself; nothing of it is left behind."""
+    exports = []
+
+    class Inspected(FakeKernel):
+        def export_to_c(self, path, function_name):
+            st = os.stat(Path(path).parent)
+            exports.append((st.st_ino, stat.S_IMODE(st.st_mode), st.st_uid))
+            super().export_to_c(path, function_name)
+
+    cache = KernelCache(lambda *e: Inspected(repr(e)), "fn", loader=RecordingLoader())
+    cache.get(ENTRIES[0])
+    ((ino, dir_mode, uid),) = exports
+    assert ino != cache_dir.stat().st_ino and dir_mode == 0o700 and uid == os.geteuid()
+    assert sorted(p.suffix for p in cache_dir.iterdir()) == [".lock", ".o", ".sha256"]
+    fresh = KernelCache(lambda *e: None, "fn", loader=RecordingLoader())
+    assert fresh.get(ENTRIES[0]) == FakeKernel(repr(ENTRIES[0]), source="loaded")
+
+
+def test_failed_writes_are_served_and_warned_once(cache_dir, tmp_path, caplog):
+    class Unexportable(FakeKernel):
+        def export_to_c(self, path, function_name):
+            raise OSError(28, "No space left on device")
+
+    cache = KernelCache(lambda *e: Unexportable(repr(e)), "fn", loader=RecordingLoader())
+    with caplog.at_level(logging.WARNING, logger="vllm_fa4"):
+        fns = [cache.get(e) for e in ENTRIES]
+    assert [f.payload for f in fns] == [repr(e) for e in ENTRIES]
+    (warning,) = warnings_of(caplog)
+    assert "could not write" in warning and "No space left" in warning
+    assert sorted(p.suffix for p in cache_dir.iterdir()) == [".lock"] * len(ENTRIES)
+
+
+# ---- directories that cannot be used, locks ----------------------------------------------
 
 
 def test_uncreatable_cache_dir_compiles_in_memory_with_one_warning(tmp_path, monkeypatch, caplog):
@@ -141,7 +487,8 @@ def test_uncreatable_cache_dir_compiles_in_memory_with_one_warning(tmp_path, mon
     assert fns == [FakeKernel(repr(e)) for e in ENTRIES] * 2  # all served
     assert len(compiler.compiles()) == len(ENTRIES)  # each once (memory)
     (warning,) = warnings_of(caplog)
-    assert "not writable" in warning and envs.CACHE_DIR in warning
+    assert "is not used" in warning and "Not a directory" in warning
+    assert envs.CACHE_DIR in warning
 
 
 @pytest.fixture(params=["chmod", "create_refused"])
@@ -158,12 +505,12 @@ def read_only(request, monkeypatch):
             return
         real_open = os.open
 
-        def refusing_open(path, flags, *args, **kwargs):
-            if str(path).startswith(str(directory)) and flags & os.O_CREAT:
-                raise PermissionError(13, "Read-only file system", str(path))
-            return real_open(path, flags, *args, **kwargs)
+        def refusing_open(path, flags, *args, dir_fd=None, **kwargs):
+            if dir_fd is not None and flags & os.O_CREAT:  # the cache's files, by descriptor
+                raise PermissionError(errno.EROFS, "Read-only file system", str(path))
+            return real_open(path, flags, *args, dir_fd=dir_fd, **kwargs)
 
-        monkeypatch.setattr(cache_mod.os, "open", refusing_open)
+        monkeypatch.setattr(os, "open", refusing_open)
 
     return make
 
@@ -173,6 +520,7 @@ def test_read_only_cache_dir_serves_what_it_holds_and_warns_once(
 ):
     writer, compiler = fake_cache(tmp_path)
     writer.get(ENTRIES[0])  # written while the directory was writable
+    (cache_dir / f"{writer.entry_name(ENTRIES[0])}.lock").unlink()  # a fresh read-only copy
     read_only(cache_dir)
     cache, _ = fake_cache(tmp_path)
     with caplog.at_level(logging.WARNING, logger="vllm_fa4"):
@@ -181,21 +529,65 @@ def test_read_only_cache_dir_serves_what_it_holds_and_warns_once(
     assert fns[1:] == [FakeKernel(repr(e)) for e in ENTRIES[1:]]
     assert len(compiler.compiles()) == len(ENTRIES)  # 1 before, 2 in memory now
     (warning,) = warnings_of(caplog)
-    assert "not writable" in warning and str(cache_dir) in warning
+    assert "not writable or cannot be locked" in warning and str(cache_dir) in warning
 
 
-def test_failed_writes_are_served_and_warned_once(cache_dir, tmp_path, caplog):
-    class Unexportable(FakeKernel):
-        def export_to_c(self, path, function_name):
-            raise OSError(28, "No space left on device")
+def test_symlinked_lock_file_is_not_followed(cache_dir, tmp_path, caplog):
+    """A symlink planted as an entry's lock: never followed (it would create, as the server's
+    user, a file wherever it points); the kernel is compiled in memory."""
+    cache, compiler = fake_cache(tmp_path)
+    cache.get(ENTRIES[1])  # the directory exists
+    target = tmp_path / "created-through-the-link"
+    (cache_dir / f"{cache.entry_name(ENTRIES[0])}.lock").symlink_to(target)
+    with caplog.at_level(logging.WARNING, logger="vllm_fa4"):
+        assert cache.get(ENTRIES[0]) == FakeKernel(repr(ENTRIES[0]))
+    assert not os.path.lexists(target)
+    (warning,) = warnings_of(caplog)
+    assert "cannot be locked" in warning and "symbolic links" in warning
+    assert not cache.entry_path(ENTRIES[0]).exists()  # not written without its lock
 
-    cache = KernelCache(lambda *e: Unexportable(repr(e)), "fn", loader=load_fake_kernel)
+
+def test_lock_errors_compile_in_memory_with_one_warning(cache_dir, tmp_path, monkeypatch, caplog):
+    """flock failing (ENOLCK: a filesystem without locks) is not a startup error: the good
+    entries are served, the rest compiled in memory, one warning."""
+    writer, compiler = fake_cache(tmp_path)
+    writer.get(ENTRIES[0])
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(cache_mod.fcntl, "flock", no_locks)
+    cache, _ = fake_cache(tmp_path)
     with caplog.at_level(logging.WARNING, logger="vllm_fa4"):
         fns = [cache.get(e) for e in ENTRIES]
-    assert [f.payload for f in fns] == [repr(e) for e in ENTRIES]
+    assert fns[0] == FakeKernel(repr(ENTRIES[0]), source="loaded")
+    assert fns[1:] == [FakeKernel(repr(e)) for e in ENTRIES[1:]]
     (warning,) = warnings_of(caplog)
-    assert "could not write" in warning and "No space left" in warning
-    assert not list(cache_dir.glob("*.o")) and not list(cache_dir.glob("*.tmp"))
+    assert "cannot be locked" in warning and "ENOLCK" in warning
+    assert len(list(cache_dir.glob("*.o"))) == 1  # nothing written without a lock
+
+
+def test_lock_held_past_the_deadline_compiles_in_memory(cache_dir, tmp_path, caplog):
+    """A rank stuck compiling (or stopped) holds an entry's lock: the others wait at most
+    the deadline, then compile in memory with a warning."""
+    cache, compiler = fake_cache(tmp_path, lock_timeout_s=0.5)
+    cache.get(ENTRIES[1])  # the directory exists
+    holder = os.open(cache_dir / f"{cache.entry_name(ENTRIES[0])}.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    served = []
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="vllm_fa4"):
+        waiter = threading.Thread(target=lambda: served.append(cache.get(ENTRIES[0])))
+        waiter.start()
+        waiter.join(timeout=30)
+        finished = not waiter.is_alive()
+        os.close(holder)  # releases the lock (and a waiter that ignored the deadline)
+        waiter.join()
+    assert finished, "still waiting for the lock 30 s after a 0.5 s deadline"
+    assert served == [FakeKernel(repr(ENTRIES[0]))] and time.monotonic() - t0 >= 0.5
+    (warning,) = warnings_of(caplog)
+    assert "locked by another process for over 0.5 s" in warning
+    assert not cache.entry_path(ENTRIES[0]).exists()  # not written without its lock
 
 
 _RACE = textwrap.dedent(
@@ -225,12 +617,12 @@ def test_two_processes_same_key_compile_once_both_served(cache_dir, tmp_path):
     other waits on the entry's lock and loads what the first wrote."""
     record, ready = tmp_path / "compiles.txt", tmp_path / "ready"
     ready.mkdir()
-    env = dict(os.environ, **{envs.CACHE_DIR: str(cache_dir)})
+    env = subprocess_env(**{envs.CACHE_DIR: str(cache_dir)})
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _RACE, str(record), str(ready), f"rank{i}"],
             env=env,
-            cwd=tmp_path,  # import the package under test, never a checkout in the cwd
+            cwd=tmp_path,  # never a checkout that happens to be the cwd
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -250,3 +642,27 @@ def test_two_processes_same_key_compile_once_both_served(cache_dir, tmp_path):
         ("rank1" if compiled_by == "rank0" else "rank0", "loaded"),
     }
     assert all(" ".join(rest) == payload for _, _, *rest in served)
+
+
+# ---- cutlass's own file cache ------------------------------------------------------------
+
+
+def test_cutlass_ir_cache_is_kept_out_of_tmp(tmp_path):
+    """Importing the kernels points CuTe-DSL's IR file cache into our private directory, so
+    cutlass no longer creates $TMPDIR/$USER/cutlass_python_cache (unchecked, plantable)."""
+    tmpdir, cache = tmp_path / "tmp", tmp_path / "kernels"
+    tmpdir.mkdir()
+    env = subprocess_env(
+        drop=("CUTE_DSL_CACHE_DIR",), TMPDIR=str(tmpdir), **{envs.CACHE_DIR: str(cache)}
+    )
+    script = (
+        "import vllm_fa4.kernels.compile\n"
+        "from cutlass.base_dsl.cache_helpers import get_default_generated_ir_path as p\n"
+        "print(p())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == [str(cache / "cute_dsl")]
+    assert list(tmpdir.iterdir()) == []

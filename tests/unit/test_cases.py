@@ -164,3 +164,90 @@ def test_fa3_gets_the_features_in_its_spelling(monkeypatch):
     s_aux = kw["s_aux"]
     assert s_aux.dtype == torch.bfloat16 and s_aux.is_contiguous()  # FA3: bf16 [Hq] only
     assert torch.equal(s_aux.float(), c.sinks)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [dict(block_pad=8), dict(block_pad=200), dict(layers=3, layer=0), dict(layers=4, layer=3)],
+)
+def test_padded_and_cross_layer_layouts(layout):
+    """Same values as the contiguous case, through a wider block stride; the pad and the
+    other layers' pages are NaN; FA3's NaN-free copy (kv_view) has the same strides."""
+    from vllm_fa4.paged_prefill import split_kv_cache
+
+    plain, c = _case(), _case(**layout)
+    page = 16 * 2 * 64
+    pad, layers, layer = layout.get("block_pad", 0), layout.get("layers", 1), layout.get("layer", 0)
+    assert c.block_stride == layers * page + pad
+    assert c.kv_cache.stride()[1:] == plain.kv_cache.stride()[1:]
+    assert c.kv_cache.storage_offset() == layer * page
+    assert c.kv_buffer.numel() == c.num_blocks * c.block_stride
+    assert c.kv_cache.data_ptr() == c.kv_buffer.data_ptr() + layer * page * 2
+    assert c.page_size_padded == (None if not pad else (page + pad) * 2)
+    assert _bits(c.kv_cache).equal(_bits(plain.kv_cache))  # NaN payloads included
+    # everything outside the view is NaN: the pad and the other layers
+    outside = torch.ones(c.kv_buffer.numel(), dtype=torch.bool)
+    idx = torch.arange(c.kv_buffer.numel()).as_strided(
+        c.kv_cache.shape, c.kv_cache.stride(), c.kv_cache.storage_offset()
+    )
+    outside[idx.flatten()] = False
+    assert outside.sum() == c.kv_buffer.numel() - c.kv_cache.numel()
+    assert torch.isnan(c.kv_buffer[outside].float()).all()
+    # vLLM's view of it splits into the case's K/V views (the product reads what the case built)
+    k, v = split_kv_cache(c.kv_cache_vllm, 32)
+    assert k.stride() == c.k_cache.stride() and k.data_ptr() == c.k_cache.data_ptr()
+    assert v.data_ptr() == c.v_cache.data_ptr()
+    copy = c.kv_view(c.kv_buffer.clone())
+    assert copy.stride() == c.kv_cache.stride() and _bits(copy).equal(_bits(c.kv_cache))
+    blocks, offs = c.slot_index(c.slot_mapping)
+    gathered = plain.kv_cache.view(-1, 2, 64)[c.slot_mapping]
+    assert _bits(c.kv_cache[blocks, offs]).equal(_bits(gathered))
+    out, lse = c.reference()
+    ref, ref_lse = plain.reference()
+    assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+
+
+def _bits(t):
+    return t.contiguous().view(torch.int16)
+
+
+def test_layout_arguments_are_checked():
+    for bad in (dict(block_pad=-8), dict(layers=9), dict(layers=2, layer=2), dict(table_slack=-1)):
+        with pytest.raises(ValueError):
+            _case(**bad)
+
+
+def test_table_slack_and_junk_entries():
+    plain = _case()
+    pages = [-(-k // 16) for _, k in SPECS]
+    tight = _case(table_slack=0)
+    assert tight.block_table.shape[1] == max(pages)
+    assert torch.equal(tight.block_table, plain.block_table[:, : max(pages)])
+    junk = _case(junk_table=True)
+    assert junk.block_table.shape == plain.block_table.shape
+    used = torch.zeros_like(plain.block_table, dtype=torch.bool)
+    for b, n in enumerate(pages):
+        used[b, :n] = True
+    assert torch.equal(junk.block_table[used], plain.block_table[used])
+    entries = junk.block_table[~used]
+    past = entries >= junk.num_blocks
+    assert past.any() and (~past).any(), "both kinds of junk expected"
+    # the in-range junk points at NaN blocks only: the null block or spare ones
+    for blk in entries[~past].tolist():
+        assert torch.isnan(junk.kv_cache[blk].float()).all()
+    # the junk moves nothing else, and nothing reads it
+    assert _bits(junk.kv_cache).equal(_bits(plain.kv_cache)) and torch.equal(junk.q, plain.q)
+    assert torch.equal(junk.slot_mapping, plain.slot_mapping)
+    assert torch.equal(junk.reference()[0], plain.reference()[0])
+    with_sinks = _case(junk_table=True, sinks=True)
+    assert torch.equal(with_sinks.sinks, _case(sinks=True).sinks)
+    # for FA3: the ids past the cache become the null block, the rest stays
+    within = junk.table_within_cache()
+    assert torch.equal(within[used], plain.block_table[used])
+    unused = within[~used]
+    assert bool((within < junk.num_blocks).all()) and torch.equal(unused[~past], entries[~past])
+    assert torch.equal(unused[past], torch.zeros_like(entries[past]))
+    # vLLM's stale entries are in range: without junk_past_cache, NaN blocks only
+    in_range = _case(junk_table=True, junk_past_cache=False)
+    assert bool((in_range.block_table < in_range.num_blocks).all())
+    assert not torch.equal(in_range.block_table, plain.block_table)

@@ -10,7 +10,7 @@ import torch
 
 from vllm_fa4 import envs
 from vllm_fa4.kernels import launch as launch_mod
-from vllm_fa4.kernels.config import DEFAULT_CONFIG, KernelConfig, KernelKey
+from vllm_fa4.kernels.config import DEFAULT_CONFIG, KernelConfig, KernelKey, KvBox
 from vllm_fa4.kernels.launch import LaunchArgs
 from vllm_fa4.paged_prefill import reference as reference_mod
 from vllm_fa4.paged_prefill import route as route_mod
@@ -29,6 +29,7 @@ ROUTE_ENV = envs.PREFILL_ROUTE
 def _fresh_routes(monkeypatch):
     monkeypatch.delenv(ROUTE_ENV, raising=False)
     route_mod.clear_route_cache()
+    run_mod._said.clear()
     yield
     route_mod.clear_route_cache()
 
@@ -270,3 +271,49 @@ def test_run_follows_the_plans_route_without_deciding_again(monkeypatch, fake_sm
     assert fake_sm90.calls == []
     run_prefill(dataclasses.replace(plan, route="kernel"), *args, case.new_out(), softmax_scale=0.5)
     assert len(fake_sm90.calls) == 1
+
+
+def _padded_views(case, pad: int):
+    """The case's cache copied into vLLM's padded-page layout (each block ``pad`` elements
+    longer: ``page_size_padded``), as split_kv_cache views."""
+    nb, page, hkv, packed = case.kv_cache.shape
+    block = page * hkv * packed + pad
+    raw = torch.full((nb * block + 8,), float("nan"), dtype=case.dtype)
+    phys = raw[8:].as_strided(case.kv_cache.shape, (block, hkv * packed, packed, 1))
+    phys.copy_(case.kv_cache)
+    return split_kv_cache(phys.permute(0, 2, 1, 3), case.head_dim)
+
+
+def test_padded_pages_run_wide_box_configs_as_per_chunk(fake_sm90, monkeypatch, caplog):
+    """A layout the spec did not announce (blocks that are not whole wide boxes) is served
+    with per-chunk boxes, logged once; never an exception mid-request."""
+    case, _ = _setup(d=128, hkv=3, hq=12)
+    plan = case.plan()
+    wide = dataclasses.replace(plan.config, kv_box=KvBox.WIDE)
+    plan = dataclasses.replace(plan, config=wide, route="kernel")
+    k, v = _padded_views(case, pad=8)  # 16 bytes: aligned, but not a whole 16-slot box
+    with caplog.at_level(logging.WARNING, logger="vllm_fa4"):
+        for _ in range(2):
+            run_prefill(plan, case.q, k, v, case.new_out(), softmax_scale=0.5)
+    assert [c[1] for c in fake_sm90.calls] == [
+        dataclasses.replace(wide, kv_box=KvBox.PER_CHUNK)
+    ] * 2
+    said = [r.getMessage() for r in caplog.records if "wide_box" in r.getMessage()]
+    assert len(said) == 1 and "not whole" in said[0]
+    # the same config on vLLM's unpadded cache is launched as planned
+    run_prefill(plan, case.q, case.k_cache, case.v_cache, case.new_out(), softmax_scale=0.5)
+    assert fake_sm90.calls[-1][1] == wide
+
+
+def test_unreadable_layout_runs_the_reference_not_an_exception(fake_sm90, monkeypatch, caplog):
+    case, plan = _setup(d=64)
+    plan = dataclasses.replace(plan, route="kernel")
+    k, v = _padded_views(case, pad=2)  # 4 bytes: no TMA descriptor can address it
+    out = case.new_out()
+    with caplog.at_level(logging.ERROR, logger="vllm_fa4"):
+        run_prefill(plan, case.q, k, v, out, softmax_scale=case.softmax_scale)
+    assert fake_sm90.calls == []
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "block stride" in errors[0] and "FLASH_ATTN" in errors[0]
+    ref, _ = case.reference()
+    assert torch.equal(out, ref.to(out.dtype))

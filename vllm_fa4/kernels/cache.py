@@ -1,39 +1,69 @@
 """Compiled kernels cached in memory and on disk.
 
-On disk: ``export_to_c`` objects named by a sha256 of our kernel sources, the cutlass /
-tvm_ffi / python versions and the entry (its repr), each with a ``.sha256`` file holding the
-object's digest. Faults and what they cost (tests/unit/test_cache.py):
+On disk (``$VLLM_FA4_CACHE_DIR``): ``<name>.o``, the native object ``export_to_c`` wrote, which
+the loader links into this process; ``<name>.sha256``, a JSON record binding the source
+fingerprint (our kernel sources, the cutlass / tvm_ffi / python versions), the entry (its
+repr) and the object's sha256; ``<name>.lock``. The name is a hash of fingerprint and entry.
+Who may write there, and what is checked (``private_files``; docs/reliability.md, "Kernel
+cache threat model"):
+
+- the directory is created 0700 and checked before every use: a real directory owned by us
+  (or root), not writable by group or others; otherwise ONE warning and compiling in memory;
+- an entry is read once through an ``O_NOFOLLOW`` descriptor, owner and mode checked with
+  ``fstat``; its record must name this fingerprint, this entry and the sha256 of exactly those
+  bytes, which are what the loader links (through a memfd, never the path again);
+- writes are made in a private 0700 directory inside the cache and renamed into place.
+
+Faults and what they cost (tests/unit/test_cache.py):
 
 - processes that want the same entry at once (TP ranks) take a file lock on it: one compiles,
-  the others wait and load what it wrote;
-- a bad entry (truncated, corrupt: its digest does not match, or the loader rejects it) is a
-  miss: logged, removed, recompiled and rewritten;
-- an unusable directory (cannot be created, or no file can be created in it) means compiling
-  in memory, with ONE warning per directory (a read-only directory still serves the good
-  entries it holds); a failed write is likewise warned about once.
+  the others wait (at most ``lock_timeout_s``, then they compile in memory) and load what it
+  wrote;
+- a bad entry (truncated, corrupt, another entry's or an older format's, untrusted owner or
+  mode, a symlink; or the loader rejects it) is a miss: logged, removed, recompiled and
+  rewritten;
+- a directory that cannot be created or is not trusted, a lock file that cannot be created or
+  locked (a read-only directory, ``ENOLCK``), a lock held past the deadline: the kernel is
+  compiled in memory, with ONE warning per directory and kind (a read-only or lock-less
+  directory still serves the good entries it holds); a failed write is likewise warned about
+  once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import hashlib
+import json
 import logging
 import os
 import sys
-import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import cutlass
 import cutlass.cute as cute
 
 from vllm_fa4 import envs
+from vllm_fa4.kernels.private_files import (
+    Untrusted,
+    open_private_dir,
+    private_tmpdir,
+    read_own,
+    read_trusted,
+    write_new,
+)
 
 logger = logging.getLogger("vllm_fa4")
 
 _SOURCES = Path(__file__).parent  # every kernels/*.py is part of the fingerprint
+RECORD_FORMAT = "vllm_fa4 kernel cache entry 2"
+LOCK_TIMEOUT_S = 600.0  # a rank stuck compiling must not block the others forever
+_LOCK_POLL_S = 0.05
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _source_fingerprint() -> str:
@@ -52,8 +82,37 @@ def _source_fingerprint() -> str:
 
 
 def digest_path(path: Path) -> Path:
-    """The file holding the sha256 of the cache entry ``path``."""
+    """The record (fingerprint, entry, sha256) of the cache entry ``path``."""
     return path.with_suffix(".sha256")
+
+
+def entry_record(fingerprint: str, entry: tuple, data: bytes) -> bytes:
+    """What ``<name>.sha256`` holds for ``entry``'s object ``data``."""
+    record = {
+        "format": RECORD_FORMAT,
+        "fingerprint": fingerprint,
+        "entry": repr(entry),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+    return json.dumps(record, indent=1).encode()
+
+
+def _check_record(raw: bytes, fingerprint: str, entry: tuple, data: bytes) -> None:
+    """Raise ValueError unless ``raw`` is this fingerprint's record of ``entry`` and ``data``."""
+    try:
+        record = json.loads(raw)
+        fmt = record["format"]
+    except (ValueError, TypeError, KeyError):
+        record, fmt = None, None
+    if fmt != RECORD_FORMAT:
+        raise ValueError("record is not in the current format (an older cache?)")
+    if record.get("fingerprint") != fingerprint:
+        raise ValueError("record is for other kernel sources or versions")
+    if record.get("entry") != repr(entry):
+        raise ValueError(f"record is for another entry: {str(record.get('entry'))[:200]}")
+    got, want = hashlib.sha256(data).hexdigest(), str(record.get("sha256"))
+    if got != want:
+        raise ValueError(f"sha256 {got[:12]}... != recorded {want[:12]}...: truncated?")
 
 
 class KernelCache:
@@ -61,8 +120,10 @@ class KernelCache:
     names everything that changes the code), from memory, disk, or ``compile_fn(*entry)``.
 
     ``compile_fn(*entry)`` returns an object with ``export_to_c(path, function_name=...)``;
-    ``loader(path)`` turns a file written that way back into the function (default: CuTe-DSL's
-    ``load_module``). Tests pass fakes for both.
+    ``loader(data)`` turns the bytes of a file written that way back into the function
+    (default: CuTe-DSL's ``load_module``). Tests pass fakes for both, and a short
+    ``lock_timeout_s``. All disk checks run here, once per entry and process (at startup);
+    ``get`` of an entry already in memory is a dict lookup.
     """
 
     def __init__(
@@ -70,11 +131,13 @@ class KernelCache:
         compile_fn: Callable,
         function_name: str,
         *,
-        loader: Callable[[Path], object] | None = None,
+        loader: Callable[[bytes], object] | None = None,
+        lock_timeout_s: float = LOCK_TIMEOUT_S,
     ):
         self.compile_fn = compile_fn
         self._function_name = function_name
         self._loader = loader or self._load_module
+        self._lock_timeout_s = lock_timeout_s
         self._memory: dict = {}
         self._fingerprint: str | None = None
         self._runtime_preloaded = False
@@ -86,11 +149,18 @@ class KernelCache:
             fn = self._memory[entry] = self._load_or_compile(entry)
         return fn
 
-    def entry_path(self, entry: tuple) -> Path:
+    @property
+    def fingerprint(self) -> str:
         if self._fingerprint is None:
             self._fingerprint = _source_fingerprint()
-        digest = hashlib.sha256(f"{self._fingerprint}|{entry!r}".encode()).hexdigest()
-        return envs.kernel_cache_dir() / f"{digest[:40]}.o"
+        return self._fingerprint
+
+    def entry_name(self, entry: tuple) -> str:
+        """The file name stem of ``entry``'s files in the cache directory."""
+        return hashlib.sha256(f"{self.fingerprint}|{entry!r}".encode()).hexdigest()[:40]
+
+    def entry_path(self, entry: tuple) -> Path:
+        return envs.kernel_cache_dir() / f"{self.entry_name(entry)}.o"
 
     def _warn_once(self, kind: str, directory: Path, msg: str, *args) -> None:
         if (kind, directory) in self._warned:
@@ -108,86 +178,140 @@ class KernelCache:
                 ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
         self._runtime_preloaded = True
 
-    def _load_module(self, path: Path):
+    def _load_module(self, data: bytes):
+        """Link ``data`` (an object file's bytes) into the process. load_module takes a path
+        and reads it once: a memfd of our own holding exactly these bytes."""
         self._preload_runtime()
-        mod = cute.runtime.load_module(str(path), enable_tvm_ffi=True)
+        fd = os.memfd_create("vllm_fa4_kernel", os.MFD_CLOEXEC)
+        try:
+            with os.fdopen(os.dup(fd), "wb") as f:
+                f.write(data)
+            mod = cute.runtime.load_module(f"/proc/self/fd/{fd}", enable_tvm_ffi=True)
+        finally:
+            os.close(fd)
         return getattr(mod, self._function_name)
 
-    def _open_lock(self, path: Path) -> int | None:
-        """A file descriptor to lock ``path``'s entry with, or None: the directory is unusable."""
+    def _load_or_compile(self, entry: tuple):
+        directory = envs.kernel_cache_dir()
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            return os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o666)
-        except OSError as e:
+            dir_fd = open_private_dir(directory)
+        except (Untrusted, OSError) as e:
             self._warn_once(
                 "dir",
-                path.parent,
-                "vllm_fa4: kernel cache dir %s is not writable (%s); kernels it does not hold "
-                "are compiled in memory (set %s to a writable directory to keep them)",
-                path.parent,
+                directory,
+                "vllm_fa4: kernel cache dir %s is not used (%s); kernels are compiled in "
+                "memory. Set %s to a directory only you can write (created 0700 if missing)",
+                directory,
                 e,
                 envs.CACHE_DIR,
             )
-            return None
-
-    def _load_or_compile(self, entry: tuple):
-        path = self.entry_path(entry)
-        lock = self._open_lock(path)
-        if lock is None:  # a read-only directory still serves the good entries it holds
-            fn = self._read(path, writable=False)
-            return self.compile_fn(*entry) if fn is None else fn
+            return self.compile_fn(*entry)
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # TP ranks: one compiles, the others then load
-            fn = self._read(path, writable=True)
-            if fn is None:
-                fn = self.compile_fn(*entry)
-                self._write(fn, path)
-            return fn
+            name = self.entry_name(entry)
+            with self._entry_lock(dir_fd, directory, name) as locked:
+                fn = self._read(dir_fd, directory, name, entry, remove_bad=locked)
+                if fn is None:
+                    fn = self.compile_fn(*entry)
+                    if locked:
+                        self._write(fn, dir_fd, directory, name, entry)
+                return fn
         finally:
-            os.close(lock)  # releases the lock
+            os.close(dir_fd)
 
-    def _read(self, path: Path, writable: bool):
-        """The function cached at ``path``, or None when there is none or it is bad (a bad
-        entry is logged and, where the directory allows, removed)."""
-        if not path.exists():
-            return None
+    @contextlib.contextmanager
+    def _entry_lock(self, dir_fd: int, directory: Path, name: str) -> Iterator[bool]:
+        """Hold ``name``'s lock (True: this process may remove and write the entry), or not
+        (False: only read it). Not holding it is warned about once per directory."""
         try:
-            want = digest_path(path).read_text().strip()
-            got = hashlib.sha256(path.read_bytes()).hexdigest()
-            if got != want:
-                raise ValueError(f"sha256 {got[:12]}... != recorded {want[:12]}...: truncated?")
-            return self._loader(path)
+            lock = os.open(f"{name}.lock", _LOCK_FLAGS, 0o600, dir_fd=dir_fd)
+        except OSError as e:  # a read-only directory; ELOOP: a symlink planted as the lock
+            self._warn_cannot_lock(directory, f"cannot create {name}.lock: {e.strerror}")
+            lock = None
+        try:
+            yield lock is not None and self._wait_for_lock(lock, directory, name)
+        finally:
+            if lock is not None:
+                os.close(lock)  # releases the lock
+
+    def _wait_for_lock(self, lock: int, directory: Path, name: str) -> bool:
+        deadline = time.monotonic() + self._lock_timeout_s
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # one rank compiles
+                return True
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    self._warn_once(
+                        "deadline",
+                        directory,
+                        "vllm_fa4: kernel cache entry %s was locked by another process for "
+                        "over %g s (a stuck compile?); compiling it in memory",
+                        directory / name,
+                        self._lock_timeout_s,
+                    )
+                    return False
+                time.sleep(_LOCK_POLL_S)
+            except OSError as e:  # ENOLCK (no lock support), EINVAL, ...
+                self._warn_cannot_lock(directory, f"flock: {errno.errorcode.get(e.errno)} {e}")
+                return False
+
+    def _warn_cannot_lock(self, directory: Path, why: str) -> None:
+        self._warn_once(
+            "lock",
+            directory,
+            "vllm_fa4: kernel cache dir %s is not writable or cannot be locked (%s); kernels "
+            "it does not hold are compiled in memory (set %s to a directory only you can "
+            "write to keep them)",
+            directory,
+            why,
+            envs.CACHE_DIR,
+        )
+
+    def _read(self, dir_fd: int, directory: Path, name: str, entry: tuple, remove_bad: bool):
+        """The function cached as ``name``, or None when there is none or it is bad (a bad
+        entry is logged and, when ``remove_bad``, removed)."""
+        try:
+            data = read_trusted(dir_fd, f"{name}.o")
+        except FileNotFoundError:
+            return None
+        except (Untrusted, OSError) as e:
+            return self._bad_entry(dir_fd, directory, name, e, remove_bad)
+        try:
+            _check_record(read_trusted(dir_fd, f"{name}.sha256"), self.fingerprint, entry, data)
+            return self._loader(data)
         except Exception as e:  # a bad entry is a miss
-            logger.warning("vllm_fa4: bad kernel cache entry %s (%s); recompiling", path, e)
-            if writable:
-                for p in (path, digest_path(path)):
-                    with contextlib.suppress(OSError):
-                        p.unlink(missing_ok=True)
-            return None
+            return self._bad_entry(dir_fd, directory, name, e, remove_bad)
 
-    def _write(self, fn, path: Path) -> None:
-        """Export ``fn`` to ``path`` (and its digest), atomically; a failure is only logged."""
-        tmps = []
+    def _bad_entry(self, dir_fd: int, directory: Path, name: str, e: Exception, remove: bool):
+        logger.warning(
+            "vllm_fa4: bad kernel cache entry %s (%s); recompiling", directory / f"{name}.o", e
+        )
+        if remove:
+            for suffix in (".o", ".sha256"):
+                with contextlib.suppress(OSError):
+                    os.unlink(f"{name}{suffix}", dir_fd=dir_fd)
+        return None
+
+    def _write(self, fn, dir_fd: int, directory: Path, name: str, entry: tuple) -> None:
+        """Export ``fn`` and its record, made in a private directory and renamed into place;
+        a failure is only logged."""
         try:
-            for suffix in (".o.tmp", ".sha256.tmp"):
-                fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=suffix)
-                os.close(fd)
-                tmps.append(tmp)
-            fn.export_to_c(tmps[0], function_name=self._function_name)
-            Path(tmps[1]).write_text(hashlib.sha256(Path(tmps[0]).read_bytes()).hexdigest())
-            # Digest first: a crash between the two replaces leaves a mismatch (a miss).
-            os.replace(tmps[1], digest_path(path))
-            os.replace(tmps[0], path)
+            with private_tmpdir(dir_fd) as (tmp_fd, tmp_path):
+                fn.export_to_c(f"{tmp_path}/export.o", function_name=self._function_name)
+                data = read_own(tmp_fd, "export.o")
+                write_new(tmp_fd, f"{name}.o", data)  # 0600 whatever the umask
+                write_new(tmp_fd, f"{name}.sha256", entry_record(self.fingerprint, entry, data))
+                # Record first: a crash between the two renames leaves a mismatch (a miss).
+                for suffix in (".sha256", ".o"):
+                    os.rename(
+                        f"{name}{suffix}", f"{name}{suffix}", src_dir_fd=tmp_fd, dst_dir_fd=dir_fd
+                    )
         except Exception as e:
             self._warn_once(
                 "write",
-                path.parent,
+                directory,
                 "vllm_fa4: could not write kernel cache entry %s (%s); the kernel is kept in "
                 "memory only",
-                path,
+                directory / f"{name}.o",
                 e,
             )
-        finally:
-            for tmp in tmps:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)

@@ -14,7 +14,7 @@ import time
 from vllm_fa4 import envs
 from vllm_fa4.kernels.config import DEFAULT_CONFIG, KernelConfig, KernelKey
 
-envs.default_cute_dsl_arch()
+envs.default_cute_dsl_env()
 
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402

@@ -244,9 +244,9 @@ class KernelConfig:
     kv_box: KvBox = KvBox.PER_CHUNK
     page_read: PageRead = PageRead.AFTER_ACQUIRE
     epilogue: Epilogue = Epilogue.DIRECT
-    # FA4's conditional rescaling: a row's running max moves only when a block raises it by
-    # more than 2^8 (exp2 units), so after the first blocks O is rescaled only by warps where
-    # some row moved (a warp vote), not on every block.
+    # Conditional rescaling: O is rescaled only by warps where some row's max moved (a warp
+    # vote), not on every block. The max moves whenever a block raises it (margin 0: FA3's
+    # numerics; FA4's 2^8 margin widened the error tail, softmax.LAZY_MAX_MARGIN_LOG2).
     lazy_max: bool = False
     # Consumer warpgroups, 64 Q rows each (the M tile is 64 * mma_wgs rows). 3 only at head
     # dim 64: there a block's GEMMs take as long as its exponentials, so two warpgroups

@@ -9,8 +9,12 @@ from cutlass import Float32
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 # lazy_max: how far (in exp2 units) a block may exceed a row's running max before the max
-# moves; P <= 2^8 stays exact in bf16/fp16 and row sums of 10^6 keys stay far from overflow.
-LAZY_MAX_MARGIN_LOG2 = 8.0
+# moves. 0: the max moves whenever a block raises it, so a row's largest P is exactly 1, as in
+# FA3, and only O's rescale is skipped (warps where no row moved). FA4's 2^8 left the largest
+# P at up to 2^8, rounded to 16 bits in P V while the fp32 row sum kept it exact: up to 2.2x
+# FA3's max error on peaky rows (issue 27; docs/perf-notes.md, 2026-11-26). Any margin above
+# 0 rounds that P.
+LAZY_MAX_MARGIN_LOG2 = 0.0
 
 
 def acc_rows_view(acc: cute.Tensor) -> cute.Tensor:
@@ -108,8 +112,8 @@ def softmax_step(
     until softmax_finish).
 
     lazy_max: a row's running max moves only when the block raises it by more than
-    LAZY_MAX_MARGIN_LOG2 (else row_scale is exactly 1 and P, row sums stay <= 2^margin), so
-    most blocks leave O alone (rescale_needed)."""
+    LAZY_MAX_MARGIN_LOG2 (else row_scale is exactly 1), so blocks where no row of a warp
+    moved leave O alone (rescale_needed)."""
     sS = acc_rows_view(acc_S)
     for i in cutlass.range_constexpr(cute.size(row_max)):
         new_max, moved, neg_shift = _row_new_max(sS, i, row_max, scale_log2, is_first, lazy_max)

@@ -3,11 +3,23 @@ once, by the plan's maker: nothing here reads the environment)."""
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
-from vllm_fa4.kernels.config import check_features, dtype_name
+from vllm_fa4.kernels.config import KernelConfig, check_features, dtype_name
+from vllm_fa4.paged_prefill.layout import KvCacheLayout, fit_config, kv_views_problem
 from vllm_fa4.paged_prefill.plan import PrefillPlan
 from vllm_fa4.paged_prefill.reference import paged_attention_reference
+
+logger = logging.getLogger("vllm_fa4")
+_said: set[str] = set()  # layout messages already logged (each once per process)
+
+
+def _say_once(log, message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        log(message)
 
 
 def _check_tensor(name: str, t: torch.Tensor, shape: tuple, plan: PrefillPlan) -> None:
@@ -82,22 +94,24 @@ def run_prefill(
         return  # no query rows
 
     if plan.route == "kernel":
-        # Imported here: the CuTe-DSL import costs ~2 s and CPU-only users never need it.
-        from vllm_fa4.kernels.launch import prefill_forward
+        config = _config_for_views(plan, k_cache, v_cache)
+        if config is not None:
+            # Imported here: the CuTe-DSL import costs ~2 s and CPU-only users never need it.
+            from vllm_fa4.kernels.launch import prefill_forward
 
-        prefill_forward(
-            plan.key,
-            plan.config,
-            q,
-            k_cache,
-            v_cache,
-            out,
-            lse,
-            plan.args,
-            softmax_scale,
-            **features,
-        )
-        return
+            prefill_forward(
+                plan.key,
+                config,
+                q,
+                k_cache,
+                v_cache,
+                out,
+                lse,
+                plan.args,
+                softmax_scale,
+                **features,
+            )
+            return
 
     ref_out, ref_lse = paged_attention_reference(
         q,
@@ -113,3 +127,27 @@ def run_prefill(
     out.copy_(ref_out)
     if lse is not None:
         lse.copy_(ref_lse)
+
+
+def _config_for_views(plan: PrefillPlan, k_cache, v_cache) -> KernelConfig | None:
+    """The plan's config fitted to the cache views' strides, or None where the kernel cannot
+    read them at all. The builder fits its configs to the layout vLLM's cache spec announces
+    (padded pages) at startup; this catches a layout nothing announced (logged once, never an
+    error: an exception here would kill every request in flight)."""
+    problem = kv_views_problem(k_cache, v_cache)
+    if problem is not None:
+        _say_once(
+            logger.error,
+            f"FA4 prefill: the kernel cannot read this KV cache ({problem}); prefill runs on "
+            "the slow fp32 PyTorch reference. Use --attention-backend FLASH_ATTN for this model.",
+        )
+        return None
+    config = fit_config(plan.config, plan.key, KvCacheLayout.of_views(k_cache))
+    if config != plan.config:
+        _say_once(
+            logger.warning,
+            f"FA4 prefill: KV cache blocks of {k_cache.stride(0)} elements are not whole "
+            f"wide_box boxes; {plan.config.spec} runs as {config.spec} (compiled now if "
+            "warmup did not: the cache spec did not announce this layout)",
+        )
+    return config

@@ -7,6 +7,15 @@ tensor vLLM hands to ``forward`` is the logical permuted view ``[num_blocks, Hkv
 permutation of the rest (with spare blocks left over); unused slots (rest of each request's
 last page, spare blocks, block 0) hold NaN when ``poison_unused``.
 
+Layouts (issue 27): the cache is a strided view of one flat buffer (``PagedCase.kv_buffer``)
+whose block stride is ``layers * page_size * token stride + block_pad`` elements, the view
+starting at layer ``layer``'s slice: contiguous (1 layer, no pad, the default), padded (vLLM's
+``page_size_padded`` for hybrid models: ``block_pad`` elements after each page) or cross-layer
+(vLLM's ``(num_blocks, num_layers, page, Hkv, 2*D)`` allocation: ``layers`` pages per block).
+The pad and the other layers' slices are NaN, like unused slots; the reference and FA3 read
+the same views. Unused block-table entries are the null block 0, or with ``junk_table`` ids
+of NaN blocks and ids past the cache (vLLM leaves stale ids there).
+
 Model features (issue 11) ride along as runtime values: ``window_left`` (keys a row sees left
 of its diagonal), ``softcap`` and ``sinks`` ([Hq] float32 logits); ``key``, ``plan``,
 ``reference`` and ``fa3`` all use them.
@@ -24,6 +33,7 @@ from vllm_fa4.paged_prefill import PrefillPlan, paged_attention_reference, plan_
 from vllm_fa4.paged_prefill.policy import serving_configs
 
 TABLE_SLACK = 3  # extra block-table columns beyond the longest request (entries = null block 0)
+MAX_LAYERS = 8  # cross-layer layouts: layers sharing one block stride
 
 
 @dataclass
@@ -35,13 +45,13 @@ class PagedCase:
     page_size: int
     dtype: torch.dtype
     q: torch.Tensor  # [total_q, Hq, D], non-contiguous view (token stride > Hq*D)
-    kv_cache: torch.Tensor  # [num_blocks, page_size, Hkv, 2*D], physical NHD, contiguous
+    kv_cache: torch.Tensor  # [num_blocks, page_size, Hkv, 2*D] NHD view of kv_buffer
     k_cache: torch.Tensor  # kv_cache[..., :D]
     v_cache: torch.Tensor  # kv_cache[..., D:]
     cu_seqlens_q: torch.Tensor  # [B+1] int32, device
     seqused_k: torch.Tensor  # [B] int32, device
-    page_table: torch.Tensor  # [B, max_pages + TABLE_SLACK] int32, device (== block_table)
-    block_table: torch.Tensor  # same tensor as page_table; unused entries 0
+    page_table: torch.Tensor  # [B, max_pages + table_slack] int32, device (== block_table)
+    block_table: torch.Tensor  # same tensor as page_table; unused entries 0 (or junk)
     slot_mapping: torch.Tensor  # [total_q] int64, device: cache slot of each new token
     query_start_loc_cpu: torch.Tensor  # [B+1] int32, CPU
     seq_lens_cpu: torch.Tensor  # [B] int32, CPU
@@ -49,6 +59,37 @@ class PagedCase:
     window_left: int | None = None  # sliding window: keys left of the diagonal a row sees
     softcap: float | None = None  # logit soft cap (> 0)
     sinks: torch.Tensor | None = None  # [Hq] float32 on the case's device (bf16-exact values)
+    kv_buffer: torch.Tensor | None = None  # flat storage of kv_cache: pads, other layers
+    block_pad: int = 0  # elements after each block's pages (vLLM's page_size_padded)
+    layers: int = 1  # pages per block (cross-layer layout); kv_cache is layer ``layer``'s
+    layer: int = 0
+
+    @property
+    def block_stride(self) -> int:
+        """Elements from one block to the next (page_size token strides when contiguous)."""
+        return self.kv_cache.stride(0)
+
+    @property
+    def page_size_padded(self) -> int | None:
+        """vLLM's ``AttentionSpec.page_size_padded`` (bytes) for this layout: None unless
+        padded (a cross-layer layout keeps each layer's own spec unpadded)."""
+        if not self.block_pad:
+            return None
+        return (self.page_size * self.num_kv_heads * 2 * self.head_dim + self.block_pad) * (
+            self.kv_cache.element_size()
+        )
+
+    def kv_view(self, buffer: torch.Tensor) -> torch.Tensor:
+        """The [num_blocks, page_size, Hkv, 2*D] view of ``buffer`` (a copy of ``kv_buffer``,
+        e.g. a NaN-free one for FA3) with this case's strides and offset."""
+        return buffer.as_strided(
+            self.kv_cache.shape, self.kv_cache.stride(), self.kv_cache.storage_offset()
+        )
+
+    def slot_index(self, slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(blocks, offsets)`` of cache slots: ``kv_cache[blocks, offsets]`` gathers and
+        writes work on any layout (a padded view cannot be flattened into slots)."""
+        return slot_mapping // self.page_size, slot_mapping % self.page_size
 
     @property
     def kv_cache_vllm(self) -> torch.Tensor:
@@ -133,9 +174,20 @@ class PagedCase:
             **{"window_left": self.window_left, **options},
         )
 
-    def fa3(self, out: torch.Tensor, q=None, k_cache=None, v_cache=None) -> torch.Tensor:
-        """vLLM's FA3 (the baseline of every ratio) on this case into ``out``; ``q`` and the
-        cache views override the case's own (e.g. a cache copy with the NaN slots zeroed).
+    def table_within_cache(self) -> torch.Tensor:
+        """The block table with ids past the cache (``junk_table``) replaced by the null block:
+        what vLLM's stale entries can hold, for FA3 (whose unused entries it must not read
+        either, but a wild id would fault the whole run rather than fail one batch)."""
+        return torch.where(
+            self.page_table >= self.num_blocks, torch.zeros_like(self.page_table), self.page_table
+        )
+
+    def fa3(
+        self, out: torch.Tensor, q=None, k_cache=None, v_cache=None, page_table=None
+    ) -> torch.Tensor:
+        """vLLM's FA3 (the baseline of every ratio) on this case into ``out``; ``q``, the
+        cache views and the block table override the case's own (e.g. a cache copy with the NaN
+        slots zeroed).
 
         The case's features map to FA3's arguments: ``window_size=[window_left, 0]`` (right 0:
         causal; None is FA3's ``[-1, -1]``, unlimited), ``softcap`` (0.0 = off) and
@@ -160,7 +212,7 @@ class PagedCase:
             seqused_k=self.seqused_k,
             softmax_scale=self.softmax_scale,
             causal=True,
-            block_table=self.page_table,
+            block_table=self.page_table if page_table is None else page_table,
             fa_version=3,
             out=out,
             **features,
@@ -215,6 +267,12 @@ def make_paged_case(
     window_left: int | None = None,
     softcap: float | None = None,
     sinks: bool = False,
+    block_pad: int = 0,
+    layers: int = 1,
+    layer: int = 0,
+    table_slack: int = TABLE_SLACK,
+    junk_table: bool = False,
+    junk_past_cache: bool = True,
 ) -> PagedCase:
     """Build a paged prefill case.
 
@@ -227,11 +285,28 @@ def make_paged_case(
         sinks: draw seeded [Hq] float32 sink logits in [-2, 4] (rounded to bf16-exact values,
             so FA3, which takes bf16 sinks, computes the same thing): some dominate their
             rows, some hardly matter.
+        block_pad: elements of padding after each block (any value >= 0; the kernel and
+            vLLM's startup check need the block stride 16-byte aligned).
+        layers, layer: the block holds ``layers`` pages (1 to MAX_LAYERS), the cache is the
+            ``layer``-th.
+        table_slack: block-table columns beyond the longest request's pages (0: exactly as
+            wide as needed).
+        junk_table: unused block-table entries hold, instead of the null block, ids of NaN
+            blocks (spare ones or block 0) and, with ``junk_past_cache``, ids past the end of
+            the cache (up to 2^31-1; vLLM's stale entries are in range), drawn after
+            everything else (the other tensors do not move).
     """
     if window_left is not None and window_left < 0:
         raise ValueError(f"window_left must be >= 0, got {window_left}")
     if softcap is not None and not softcap > 0:
         raise ValueError(f"softcap must be positive, got {softcap}")
+    if block_pad < 0 or not 1 <= layers <= MAX_LAYERS or not 0 <= layer < layers:
+        raise ValueError(
+            f"layout: need block_pad >= 0, 1 <= layers <= {MAX_LAYERS}, 0 <= layer < layers; "
+            f"got block_pad={block_pad}, layers={layers}, layer={layer}"
+        )
+    if table_slack < 0:
+        raise ValueError(f"table_slack must be >= 0, got {table_slack}")
     specs = [(int(a), int(b)) for a, b in specs]
     for i, (q_len, k_len) in enumerate(specs):
         if not 0 <= q_len <= k_len:
@@ -254,15 +329,16 @@ def make_paged_case(
     # Block ids: a random permutation of 1..num_blocks-1; the first used_blocks go to requests.
     perm = torch.randperm(num_blocks - 1, generator=gen_cpu) + 1
     max_pages = max(pages, default=0)
-    block_table_cpu = torch.zeros(num_reqs, max_pages + TABLE_SLACK, dtype=torch.int32)
+    block_table_cpu = torch.zeros(num_reqs, max_pages + table_slack, dtype=torch.int32)
     start = 0
     for b, n in enumerate(pages):
         block_table_cpu[b, :n] = perm[start : start + n].to(torch.int32)
         start += n
 
-    kv_cache = torch.randn(
+    values = torch.randn(
         num_blocks, page_size, num_kv_heads, 2 * head_dim, generator=gen_dev, device=device
     ).to(dtype)
+    kv_buffer, kv_cache = _layout(values, block_pad, layers, layer)
     slots = []  # valid slots of every request, in token order
     for b, k_len in enumerate(k_lens):
         t = torch.arange(k_len)
@@ -271,8 +347,7 @@ def make_paged_case(
     if poison_unused:
         valid = torch.zeros(num_blocks * page_size, dtype=torch.bool)
         valid[all_slots] = True
-        flat = kv_cache.view(num_blocks * page_size, num_kv_heads, 2 * head_dim)
-        flat[(~valid).to(device)] = float("nan")
+        kv_cache[(~valid).view(num_blocks, page_size).to(device)] = float("nan")
     slot_mapping = (
         torch.cat([s[k - q :] for s, q, k in zip(slots, q_lens, k_lens)])
         if slots
@@ -289,12 +364,14 @@ def make_paged_case(
     if num_reqs:
         cu[1:] = torch.cumsum(torch.tensor(q_lens, dtype=torch.int32), 0)
     seq_lens = torch.tensor(k_lens, dtype=torch.int32)
-    block_table = block_table_cpu.to(device)
     sink_logits = None
     if sinks:
         # Drawn on the CPU generator after everything else, so other tensors do not move.
         sink_logits = torch.rand(num_q_heads, generator=gen_cpu) * 6 - 2
         sink_logits = sink_logits.to(torch.bfloat16).float().to(device)
+    if junk_table:
+        _fill_junk(block_table_cpu, pages, perm[used_blocks:], num_blocks, junk_past_cache, gen_cpu)
+    block_table = block_table_cpu.to(device)
 
     return PagedCase(
         specs=specs,
@@ -318,4 +395,52 @@ def make_paged_case(
         window_left=window_left,
         softcap=softcap,
         sinks=sink_logits,
+        kv_buffer=kv_buffer,
+        block_pad=block_pad,
+        layers=layers,
+        layer=layer,
     )
+
+
+def _layout(
+    values: torch.Tensor, block_pad: int, layers: int, layer: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(flat NaN buffer, view of ``values``' shape holding ``values``): block stride
+    ``layers * page + block_pad`` elements, the view at layer ``layer``'s page of each block
+    (the contiguous layout is the buffer itself)."""
+    num_blocks = values.shape[0]
+    page = values[0].numel()
+    block_stride = layers * page + block_pad
+    if block_stride == page:
+        return values.view(-1), values
+    buffer = torch.full(
+        (num_blocks * block_stride,), float("nan"), dtype=values.dtype, device=values.device
+    )
+    token_stride = values.shape[2] * values.shape[3]
+    view = buffer.as_strided(
+        values.shape, (block_stride, token_stride, values.shape[3], 1), layer * page
+    )
+    view.copy_(values)
+    return buffer, view
+
+
+def _fill_junk(
+    table: torch.Tensor,
+    pages: list[int],
+    spare: torch.Tensor,
+    num_blocks: int,
+    past_cache: bool,
+    gen: torch.Generator,
+) -> None:
+    """Unused entries of ``table`` (in place): ids of NaN blocks (the spare ones, or the null
+    block 0), and with ``past_cache`` half of them ids past the cache (a read of either
+    shows: NaN, or a fault)."""
+    for b, n in enumerate(pages):
+        width = table.shape[1] - n
+        if width <= 0:
+            continue
+        nan_blocks = torch.cat([torch.zeros(1, dtype=spare.dtype), spare])
+        pick = nan_blocks[torch.randint(len(nan_blocks), (width,), generator=gen)]
+        past = torch.randint(num_blocks, 2**31 - 1, (width,), generator=gen)
+        use_past = (torch.rand(width, generator=gen) < 0.5) & past_cache
+        table[b, n:] = torch.where(use_past, past, pick).to(table.dtype)

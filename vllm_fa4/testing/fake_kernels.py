@@ -1,7 +1,7 @@
 """Stand-ins for a compiled kernel, its loader and the compiler, for the kernel-cache fault
 tests (``kernels.cache.KernelCache(compile_fn, name, loader=...)``): no CuTe-DSL compile, no
 GPU. ``RecordingCompiler`` appends one line per compile to a file, so compiles in several
-processes can be counted.
+processes can be counted; ``RecordingLoader`` keeps what it was asked to link.
 """
 
 from __future__ import annotations
@@ -22,14 +22,25 @@ class FakeKernel:
         Path(path).write_bytes(MAGIC + f"{function_name}\n{self.payload}".encode())
 
 
-def load_fake_kernel(path) -> FakeKernel:
-    """The loader: rejects a file that is not an exported FakeKernel (as the real linker
-    rejects a file that is not an object file)."""
-    data = Path(path).read_bytes()
+def load_fake_kernel(data: bytes) -> FakeKernel:
+    """The loader (takes the file's bytes, as ``KernelCache`` hands them): rejects bytes that
+    are not an exported FakeKernel (as the real linker rejects a file that is not an object)."""
     if not data.startswith(MAGIC):
-        raise RuntimeError(f"{path}: not a valid object file")
+        raise RuntimeError("not a valid object file")
     _, payload = data[len(MAGIC) :].decode().split("\n", 1)
     return FakeKernel(payload, source="loaded")
+
+
+class RecordingLoader:
+    """``load_fake_kernel`` that keeps every object handed to it in ``calls``: a test that
+    plants a file asserts the cache never got as far as linking it."""
+
+    def __init__(self):
+        self.calls: list[bytes] = []
+
+    def __call__(self, data: bytes) -> FakeKernel:
+        self.calls.append(data)
+        return load_fake_kernel(data)
 
 
 class RecordingCompiler:

@@ -36,15 +36,34 @@ LEVELS = ("prefill", "backend")
 DTYPES = ("bfloat16", "float16")
 HEAD_DIMS = (64, 128, 256)
 PAGE_SIZES = (16, 32, 64, 128)
-KV_HEADS = (1, 2, 4, 8)
-GQA_GROUPS = (1, 2, 3, 4, 5, 6, 7, 8, 16)  # query heads per KV head
+KV_HEADS = (1, 2, 4, 8, 16)  # the common counts; any of 1..MAX_KV_HEADS is drawn too
+# Query heads per KV head: up to the kernel's M tile (128 rows at two warpgroups, where
+# KernelKey.unsupported_reason stops).
+GQA_GROUPS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 64, 128)
 SPEC_TOKENS = (1, 2, 3, 4, 7)  # num_speculative_tokens when a batch uses spec decode
+MAX_KV_HEADS = 16
+MAX_Q_HEADS = 256  # bounds q/out memory (models have up to 128 query heads per rank)
+# vLLM's FA3 takes sinks (s_aux) for at most 64 query heads ("We only support query heads <=
+# 64 with S aux"), and FA4's decode rows are FA3's: no deployment has more with sinks.
+MAX_SINK_Q_HEADS = 64
 
 MAX_REQS = 64
-MAX_PREFIX = 65536  # cached tokens before a request's new ones
+MAX_PREFIX = 65536  # cached tokens before a request's new ones (the common draw)
+MAX_K_LEN = 131072  # a request's keys; LONG_K_LEN and beyond only in long-context batches
+LONG_K_LEN = 73728  # 72k: above the common draw's largest (MAX_PREFIX + MAX_Q_LEN)
 MAX_Q_LEN = 8192
 MAX_PAD_ROWS = 256
 MAX_PAD_REQS = 4
+
+# Cache layouts: block stride = layers * page_size * token stride + block_pad elements. The
+# kernel (and FA3) need 16-byte aligned strides; vLLM pads that break it are refused at
+# startup (issue 27), so the fuzz draws only 16-byte multiples.
+MAX_LAYERS = 8  # testing.cases.MAX_LAYERS
+BLOCK_PAD_ALIGN_BYTES = 16
+DEFAULT_TABLE_SLACK = 3  # testing.cases.TABLE_SLACK: the block table's spare columns
+MAX_TABLE_SLACK = 8
+MAX_WINDOW_LEFT = MAX_K_LEN
+VARIANTS = 3  # shapes per kernel key in a run's pool
 
 
 @dataclass(frozen=True)
@@ -57,8 +76,11 @@ class Limits:
 
     max_q_tokens: int = 16384
     max_backend_q_tokens: int = 8192  # a vLLM step: max_num_batched_tokens' usual default
-    max_kv_tokens: int = 131072  # sum of k_len
-    max_kv_bytes: int = 1 << 30  # K and V of every request's keys, in the batch's dtype
+    max_kv_tokens: int = 262144  # sum of k_len
+    # The cache blocks of every request's keys, in the cache dtype, with the layout's pad and
+    # other layers (what the harness allocates and copies, ~1.5x with the spare blocks)
+    max_kv_bytes: int = 1 << 30
+    max_out_bytes: int = 2 << 30  # the fp32 reference output: q tokens * Hq * D * 4
     max_work: int = 1 << 40
 
 
@@ -67,26 +89,83 @@ LIMITS = Limits()
 
 @dataclass(frozen=True)
 class Shape:
-    """What the model fixes: one compiled kernel key per (dtype, head dim, page size, group)."""
+    """What the model and the deployment fix: one compiled kernel key per (dtype, head dim,
+    page size, group, features); head counts and the layout are runtime values."""
 
     dtype: str
     head_dim: int
     num_q_heads: int
     num_kv_heads: int
     page_size: int
+    # Model features the layer has (their values are the batch's: Batch.window_left,
+    # Batch.softcap; sink logits come from the data seed).
+    window: bool = False
+    softcap: bool = False
+    sinks: bool = False
+    kv_dtype: str | None = None  # the KV cache's dtype; None: the model's (the only one served)
+    block_pad: int = 0  # elements after each block's pages (vLLM's page_size_padded)
+    layers: int = 1  # pages per block: > 1 is a cross-layer layout
 
     @property
     def qhead_per_kvhead(self) -> int:
         return self.num_q_heads // self.num_kv_heads
 
-    def __str__(self) -> str:
+    @property
+    def cache_dtype(self) -> str:
+        return self.kv_dtype or self.dtype
+
+    @property
+    def layout(self) -> str:
+        if self.layers > 1:
+            return "cross-layer"
+        return "padded" if self.block_pad else "contiguous"
+
+    @property
+    def page_elems(self) -> int:
+        """Elements of one layer's page: page_size token strides of Hkv * 2 * D."""
+        return self.page_size * self.num_kv_heads * 2 * self.head_dim
+
+    @property
+    def key_fields(self) -> tuple:
+        """What the compiled kernel depends on (shapes equal here share kernels)."""
         return (
+            self.dtype,
+            self.head_dim,
+            self.page_size,
+            self.qhead_per_kvhead,
+            self.window,
+            self.softcap,
+            self.sinks,
+        )
+
+    def __str__(self) -> str:
+        features = [name for name in ("window", "softcap", "sinks") if getattr(self, name)]
+        text = (
             f"{self.dtype} hd{self.head_dim} {self.num_q_heads}/{self.num_kv_heads} heads "
             f"page {self.page_size}"
         )
+        if features:
+            text += " " + "+".join(features)
+        if self.kv_dtype:
+            text += f" kv {self.kv_dtype}"
+        if self.block_pad:
+            text += f" block pad {self.block_pad}"
+        if self.layers > 1:
+            text += f" {self.layers} layers"
+        return text
 
 
 LLAMA_8B = Shape("bfloat16", 128, 32, 8, 16)
+# gpt-oss-20b's windowed layers (128-key window: window_left 127) and Gemma-2-9B's (4k window,
+# cap 50): the shapes their values come from (windows and caps are drawn per batch).
+GPT_OSS = Shape("bfloat16", 64, 64, 8, 16, window=True, sinks=True)
+GEMMA2 = Shape("bfloat16", 256, 16, 8, 16, window=True, softcap=True)
+NAMED_SHAPES = (LLAMA_8B, GPT_OSS, GEMMA2)  # the first pool positions of every run
+# The models' own values, drawn for their kernel keys in 3 of 5 batches (the model-exact cases).
+MODEL_VALUES = {
+    GPT_OSS.key_fields: dict(window_left=127),
+    GEMMA2.key_fields: dict(window_left=4095, softcap=50.0),
+}
 
 
 @dataclass(frozen=True)
@@ -100,6 +179,11 @@ class Batch:
     pad_rows: int = 0  # rows after the last request's tokens (CUDA-graph padding)
     pad_reqs: int = 0  # backend: trailing (0, 0) requests; the padded rows count as actual
     with_lse: bool = False  # prefill: run_prefill also writes lse
+    window_left: int | None = None  # shape.window: keys a row sees left of its diagonal
+    softcap: float | None = None  # shape.softcap: the logit cap
+    layer: int = 0  # cross-layer layout: the layer whose page of each block is the cache
+    table_slack: int = DEFAULT_TABLE_SLACK  # block-table columns beyond the longest request
+    junk_table: bool = False  # unused table entries: NaN blocks and ids past the cache
     index: int = field(default=-1, compare=False)  # position in its run (reports only)
 
     @property
@@ -134,6 +218,9 @@ class Batch:
             + self.pad_rows
             + self.pad_reqs
             + int(self.with_lse)
+            + int(self.layer != 0)
+            + int(self.table_slack != DEFAULT_TABLE_SLACK)
+            + int(self.junk_table)
         )
 
     def describe(self) -> str:
@@ -149,6 +236,16 @@ class Batch:
             extras.append(f"pad_reqs={self.pad_reqs}")
         if self.with_lse:
             extras.append("lse")
+        if self.window_left is not None:
+            extras.append(f"window_left={self.window_left}")
+        if self.softcap is not None:
+            extras.append(f"softcap={self.softcap}")
+        if self.shape.layers > 1:
+            extras.append(f"layer {self.layer}")
+        if self.table_slack != DEFAULT_TABLE_SLACK:
+            extras.append(f"table_slack={self.table_slack}")
+        if self.junk_table:
+            extras.append("junk table entries")
         return (
             f"{self.level} batch, {self.shape}, {len(self.decodes)} decodes "
             f"{fmt(self.decodes)}, {len(self.prefills)} prefills {fmt(self.prefills)}"
@@ -163,6 +260,8 @@ class Batch:
 
     @classmethod
     def from_json(cls, text: str) -> Batch:
+        """A batch from ``to_json``; JSON written before a field existed loads with the
+        field's default (the batch it described)."""
         d = json.loads(text)
         d["shape"] = Shape(**d["shape"])
         d["decodes"] = tuple(tuple(r) for r in d["decodes"])
@@ -182,15 +281,23 @@ def batch_problems(batch: Batch, limits: Limits = LIMITS) -> list[str]:
     b, s = batch, batch.shape
     if b.level not in LEVELS:
         p.append(f"level {b.level!r}")
-    if s.dtype not in DTYPES or s.head_dim not in HEAD_DIMS or s.page_size not in PAGE_SIZES:
-        p.append(f"shape {s}")
-    if s.num_kv_heads < 1 or s.num_q_heads < 1 or s.num_q_heads % s.num_kv_heads:
-        p.append(f"heads {s.num_q_heads}/{s.num_kv_heads}")
+    p.extend(shape_problems(s))
+    if s.window != (b.window_left is not None) or (
+        b.window_left is not None
+        and (not isinstance(b.window_left, int) or not 0 <= b.window_left <= MAX_WINDOW_LEFT)
+    ):
+        p.append(f"window_left {b.window_left!r} with shape.window={s.window}")
+    if s.softcap != (b.softcap is not None) or (b.softcap is not None and not b.softcap > 0):
+        p.append(f"softcap {b.softcap!r} with shape.softcap={s.softcap}")
+    if not 0 <= b.layer < s.layers:
+        p.append(f"layer {b.layer} of {s.layers}")
+    if not 0 <= b.table_slack <= MAX_TABLE_SLACK:
+        p.append(f"table_slack {b.table_slack} (0..{MAX_TABLE_SLACK})")
     reqs = b.decodes + b.prefills
     if not 1 <= len(reqs) <= MAX_REQS:
         p.append(f"{len(reqs)} requests (1..{MAX_REQS})")
     for q, k in reqs:
-        if not (0 <= q <= MAX_Q_LEN and q <= k and k - q <= MAX_PREFIX):
+        if not (0 <= q <= MAX_Q_LEN and q <= k <= MAX_K_LEN):
             p.append(f"request ({q}, {k}) out of bounds")
     if not 0 <= b.pad_rows <= MAX_PAD_ROWS or not 0 <= b.pad_reqs <= MAX_PAD_REQS:
         p.append(f"padding {b.pad_rows} rows, {b.pad_reqs} requests")
@@ -213,11 +320,40 @@ def batch_problems(batch: Batch, limits: Limits = LIMITS) -> list[str]:
     return p
 
 
+def shape_problems(s: Shape) -> list[str]:
+    """Every way ``s`` breaks the generator's invariants (empty: valid)."""
+    p = []
+    if s.dtype not in DTYPES or s.head_dim not in HEAD_DIMS or s.page_size not in PAGE_SIZES:
+        p.append(f"shape {s}")
+    if (
+        not 1 <= s.num_kv_heads <= MAX_KV_HEADS
+        or not 1 <= s.num_q_heads <= MAX_Q_HEADS
+        or s.num_q_heads % s.num_kv_heads
+        or s.qhead_per_kvhead > max(GQA_GROUPS)
+    ):
+        p.append(f"heads {s.num_q_heads}/{s.num_kv_heads}")
+    if s.sinks and s.num_q_heads > MAX_SINK_Q_HEADS:
+        p.append(f"sinks with {s.num_q_heads} query heads (FA3: <= {MAX_SINK_Q_HEADS})")
+    if s.kv_dtype is not None and s.kv_dtype != s.dtype:
+        # A KV dtype other than the model's is refused at startup (issue 27); fp8 would go here.
+        p.append(f"kv_dtype {s.kv_dtype} with a {s.dtype} model")
+    if not 1 <= s.layers <= MAX_LAYERS:
+        p.append(f"{s.layers} layers (1..{MAX_LAYERS})")
+    pad_bytes = s.block_pad * _elem_bytes(s)
+    if not 0 <= s.block_pad <= s.page_elems or pad_bytes % BLOCK_PAD_ALIGN_BYTES:
+        p.append(
+            f"block pad {s.block_pad} elements ({pad_bytes} bytes: 0 to one page, "
+            f"a multiple of {BLOCK_PAD_ALIGN_BYTES} bytes)"
+        )
+    return p
+
+
 def _limit_problems(
     shape: Shape, reqs: Sequence[tuple[int, int]], limits: Limits, level: str
 ) -> list[str]:
     q_tokens, kv_tokens, work = _totals(shape, reqs)
     kv_bytes = kv_tokens * _kv_bytes_per_token(shape)
+    out_bytes = q_tokens * shape.num_q_heads * shape.head_dim * 4
     max_q = limits.max_backend_q_tokens if level == "backend" else limits.max_q_tokens
     p = []
     if q_tokens > max_q:
@@ -226,6 +362,8 @@ def _limit_problems(
         p.append(f"{kv_tokens} keys > {limits.max_kv_tokens}")
     if kv_bytes > limits.max_kv_bytes:
         p.append(f"{kv_bytes} KV bytes > {limits.max_kv_bytes}")
+    if out_bytes > limits.max_out_bytes:
+        p.append(f"{out_bytes} output bytes > {limits.max_out_bytes}")
     if work > limits.max_work:
         p.append(f"work {work} > {limits.max_work}")
     return p
@@ -241,8 +379,15 @@ def is_valid(batch: Batch, limits: Limits = LIMITS) -> bool:
     return not batch_problems(batch, limits)
 
 
-def _kv_bytes_per_token(shape: Shape) -> int:
-    return 2 * shape.num_kv_heads * shape.head_dim * 2  # K and V, 16-bit
+def _elem_bytes(shape: Shape) -> int:
+    return 2  # bf16 / fp16 (an fp8 cache dtype would be 1)
+
+
+def _kv_bytes_per_token(shape: Shape) -> float:
+    """Cache bytes allocated per key: K and V, times the layers sharing a block, plus the
+    block's pad spread over its page."""
+    block_elems = shape.layers * shape.page_elems + shape.block_pad
+    return block_elems * _elem_bytes(shape) / shape.page_size
 
 
 def _totals(shape: Shape, reqs: Sequence[tuple[int, int]]) -> tuple[int, int, int]:
@@ -292,13 +437,16 @@ def _prefix(rng: random.Random, page_size: int, p_none: float) -> int:
     return _snap(rng, _log_uniform(rng, 1, MAX_PREFIX), 0)
 
 
-def _fit(shape, reqs, q, prefix, limits, level, min_q) -> tuple[int, int] | None:
+def _fit(shape, reqs, q, prefix, limits, level, min_q, q_first=False) -> tuple[int, int] | None:
     """(q, prefix) cut down until the batch with it stays within ``limits``; None if even
-    (min_q, 0) does not fit."""
+    (min_q, 0) does not fit. The prefix is halved first, or with ``q_first`` (a long-context
+    request, whose point is its keys) the query length."""
     while True:
         if not _limit_problems(shape, [*reqs, (q, q + prefix)], limits, level):
             return q, prefix
-        if prefix > 0:
+        if q_first and q > min_q:
+            q = max(min_q, q // 2)
+        elif prefix > 0:
             prefix //= 2
         elif q > min_q:
             q = max(min_q, q // 2)
@@ -306,11 +454,25 @@ def _fit(shape, reqs, q, prefix, limits, level, min_q) -> tuple[int, int] | None
             return None
 
 
+def _kv_heads(rng: random.Random) -> int:
+    return rng.choice(KV_HEADS) if rng.random() < 0.75 else rng.randint(1, MAX_KV_HEADS)
+
+
+def _heads_cap(sinks: bool) -> int:
+    return MAX_SINK_Q_HEADS if sinks else MAX_Q_HEADS
+
+
+# Pool positions (mod 12) whose GQA group is fixed: every 12 keys hold groups 16, 32, 64, 128.
+BIG_GROUPS_AT = {3: 16, 5: 128, 7: 32, 11: 64}
+
+
 def shape_of(rng: random.Random, j: int | None = None) -> Shape:
-    """A random shape; with ``j`` (the pool position) dtype, head dim and page size are
-    stratified, so any 12 consecutive positions hold every head dim and page size and both
-    dtypes, whatever the seed."""
-    hkv = rng.choice(KV_HEADS)
+    """A random shape (contiguous layout); with ``j`` (the pool position) dtype, head dim and
+    page size are stratified, so any 12 consecutive positions hold every head dim and page
+    size and both dtypes, whatever the seed, and four of them the large GQA groups
+    (BIG_GROUPS_AT). Each feature is drawn independently: window 1 in 4, soft cap 1 in 7,
+    sinks 1 in 5 (with at most MAX_SINK_Q_HEADS query heads)."""
+    hkv = _kv_heads(rng)
     qpk = rng.choice(GQA_GROUPS)
     if j is None:
         dtype = "bfloat16" if rng.random() < 0.7 else "float16"
@@ -321,28 +483,118 @@ def shape_of(rng: random.Random, j: int | None = None) -> Shape:
         dtype = DTYPES[1] if (j + j // 3) % 3 == 1 else DTYPES[0]  # a third, every head dim
         head_dim = HEAD_DIMS[j % len(HEAD_DIMS)]
         page = PAGE_SIZES[(j // len(HEAD_DIMS)) % len(PAGE_SIZES)]
-    return Shape(dtype, head_dim, hkv * qpk, hkv, page)
+    window = rng.random() < 0.25
+    softcap = rng.random() < 1 / 7
+    sinks = rng.random() < 0.2
+    if j is not None and j % 12 in BIG_GROUPS_AT:
+        qpk = BIG_GROUPS_AT[j % 12]
+        sinks = sinks and qpk <= MAX_SINK_Q_HEADS
+    if qpk > _heads_cap(sinks):
+        qpk = rng.choice([g for g in GQA_GROUPS if g <= _heads_cap(sinks)])
+    hkv = min(hkv, _heads_cap(sinks) // qpk)
+    return Shape(dtype, head_dim, hkv * qpk, hkv, page, window=window, softcap=softcap, sinks=sinks)
+
+
+def _block_pad(rng: random.Random, shape: Shape) -> int:
+    """A pad (elements) of whole 16-byte units: mostly 16-256 bytes (what issue 27 tried, none
+    a whole token stride), some whole token strides (16 at page 16: the block stride stays a
+    whole number of wide_box boxes), some up to a second page (a Mamba state's page)."""
+    unit = BLOCK_PAD_ALIGN_BYTES // _elem_bytes(shape)
+    token = shape.num_kv_heads * 2 * shape.head_dim
+    u = rng.random()
+    if u < 0.6:
+        pad = unit * _log_uniform(rng, 1, 16)
+    elif u < 0.75:
+        pad = token * rng.choice((1, 3, 16))
+    else:
+        pad = unit * _log_uniform(rng, 17, shape.page_elems // unit)
+    return min(pad, shape.page_elems)
+
+
+def shape_variants(seed: int, base: Shape, j: int) -> list[Shape]:
+    """``base`` and VARIANTS - 1 shapes with its kernel key (other KV-head counts, as other
+    tensor-parallel splits give): the second padded, the third cross-layer (3 in 5) or
+    contiguous."""
+    rng = random.Random(f"fa4-fuzz-variants:{seed}:{j}")
+    group = base.qhead_per_kvhead
+    out = [base]
+    for v in range(1, VARIANTS):
+        hkv = min(_kv_heads(rng), _heads_cap(base.sinks) // group)
+        shape = replace(base, num_q_heads=hkv * group, num_kv_heads=hkv)
+        if v == 1:
+            shape = replace(shape, block_pad=_block_pad(rng, shape))
+        elif rng.random() < 0.6:
+            shape = replace(shape, layers=rng.randint(2, MAX_LAYERS))
+        out.append(shape)
+    return out
 
 
 def pool_size(count: int) -> int:
-    """Distinct shapes (so compiled kernels, ~2-3 s each) a run of ``count`` batches uses."""
+    """Distinct kernel keys (compiled kernels, ~3-10 s per key and config) a run of ``count``
+    batches uses; each comes in up to VARIANTS shapes (``run_shapes``)."""
     return max(1, min(48, max(12, count // 25)))
 
 
 def shape_pool(seed: int, n: int, accept: Callable[[Shape], bool] | None = None) -> list[Shape]:
-    """``n`` distinct shapes, Llama-3.1-8B's first; with ``accept``, only shapes it accepts.
-    Prefix-stable: the first m shapes of a pool of n > m are the pool of m."""
+    """``n`` shapes of distinct kernel keys, NAMED_SHAPES first (Llama-3.1-8B, gpt-oss,
+    Gemma 2); with ``accept``, only shapes it accepts. Prefix-stable: the first m shapes of a
+    pool of n > m are the pool of m."""
     rng = random.Random(f"fa4-fuzz-shapes:{seed}")
     pool: list[Shape] = []
+    keys = set()
     for j in range(200 * n):
         if len(pool) >= n:
             break
-        shape = LLAMA_8B if j == 0 else shape_of(rng, j if j < 100 * n else None)
-        if shape not in pool and (accept is None or accept(shape)):
+        shape = (
+            NAMED_SHAPES[j] if j < len(NAMED_SHAPES) else shape_of(rng, j if j < 100 * n else None)
+        )
+        if shape.key_fields not in keys and (accept is None or accept(shape)):
             pool.append(shape)
+            keys.add(shape.key_fields)
     if not pool:
         raise ValueError("no fuzz shape passes the filter")
     return pool
+
+
+def run_shapes(seed: int, count: int, accept: Callable[[Shape], bool] | None = None) -> list[Shape]:
+    """The shapes a run of ``count`` batches draws from: ``shape_variants`` of each of the
+    ``pool_size(count)`` keys of ``shape_pool`` (those ``accept`` takes), distinct."""
+    shapes: list[Shape] = []
+    for j, base in enumerate(shape_pool(seed, pool_size(count), accept)):
+        for shape in shape_variants(seed, base, j):
+            if shape not in shapes and (accept is None or accept(shape)):
+                shapes.append(shape)
+    return shapes
+
+
+def _window_left(rng: random.Random) -> int:
+    """gpt-oss's 127 and Gemma's 4095 (a third of draws), 0 (the diagonal alone), values next
+    to tile edges, small and large ones (up to the longest context)."""
+    u = rng.random()
+    if u < 0.2:
+        return 127
+    if u < 0.35:
+        return 4095
+    if u < 0.45:
+        return 0
+    if u < 0.6:
+        return max(0, rng.choice((63, 64, 128, 255, 256, 1023)) + rng.choice((-1, 0, 1)))
+    if u < 0.8:
+        return _log_uniform(rng, 1, 1024)
+    return _log_uniform(rng, 1024, MAX_WINDOW_LEFT)
+
+
+def _softcap(rng: random.Random) -> float:
+    """Gemma 2's caps (30 final, 50 attention), or a random one in [1, 100]."""
+    u = rng.random()
+    if u < 0.3:
+        return 30.0
+    if u < 0.6:
+        return 50.0
+    return round(math.exp(rng.uniform(0.0, math.log(100.0))), 2)
+
+
+LONG_CONTEXT_RATE = 0.08  # batches with one request drawn at LONG_K_LEN..MAX_K_LEN keys
 
 
 def generate(
@@ -351,7 +603,13 @@ def generate(
     """One random batch at ``level`` for ``shape`` (deterministic in its arguments)."""
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+    problems = shape_problems(shape)
+    if problems:
+        raise ValueError(f"invalid fuzz shape ({'; '.join(problems)}): {shape}")
     rng = random.Random(f"fa4-fuzz-batch:{seed}:{level}")
+    # The dimensions added for issue 27 draw from their own stream, so the requests of a
+    # shape without them are what the earlier generator drew.
+    extra = random.Random(f"fa4-fuzz-extra:{seed}:{level}")
     backend = level == "backend"
     num_reqs = min(MAX_REQS, int(2 ** rng.uniform(0, math.log2(MAX_REQS) + 1)))
     spec = rng.choice(SPEC_TOKENS) if backend and rng.random() < 0.35 else 0
@@ -363,11 +621,19 @@ def generate(
         num_decodes = num_reqs  # decode-only step: FA3 takes it whole
     else:
         num_decodes = rng.randint(0, num_reqs - 1)
+    long_batch = extra.random() < LONG_CONTEXT_RATE
+    long_at = int(extra.random() * num_reqs) if long_batch else -1
+    long_k = _log_uniform(extra, LONG_K_LEN + 1, MAX_K_LEN)
+    model_values = MODEL_VALUES.get(shape.key_fields, {})
+
+    def prefix_of(i: int, q: int, p_none: float) -> int:
+        drawn = _prefix(rng, shape.page_size, p_none)  # drawn either way: the stream stays
+        return max(0, long_k - q) if i == long_at else drawn
 
     reqs: list[tuple[int, int]] = []
-    for _ in range(num_decodes):
+    for i in range(num_decodes):
         q = rng.randint(1, threshold) if backend else 1
-        fit = _fit(shape, reqs, q, _prefix(rng, shape.page_size, 0.05), limits, level, q)
+        fit = _fit(shape, reqs, q, prefix_of(i, q, 0.05), limits, level, q, q_first=i == long_at)
         if fit is None:
             break
         reqs.append((fit[0], fit[0] + fit[1]))
@@ -375,6 +641,7 @@ def generate(
 
     prefills: list[tuple[int, int]] = []
     for j in range(num_reqs - len(decodes)):
+        i = len(decodes) + j
         if backend:
             min_q = threshold + 1 if j == 0 else 1
             q = max(min_q, _prefill_q_len(rng))
@@ -385,10 +652,11 @@ def generate(
             shape,
             [*decodes, *prefills],
             q,
-            _prefix(rng, shape.page_size, 0.4),
+            prefix_of(i, q, 0.4),
             limits,
             level,
             min_q,
+            q_first=i == long_at,
         )
         if fit is None:
             break
@@ -402,6 +670,13 @@ def generate(
         m = rng.choice((8, 16, 64, 256))
         pad_rows = min(MAX_PAD_ROWS, -tokens % m or rng.randint(1, 7))
     pad_reqs = rng.randint(1, MAX_PAD_REQS) if backend and rng.random() < 0.1 else 0
+    with_lse = (not backend) and rng.random() < 0.5
+    features = dict(
+        window_left=_window_left(extra) if shape.window else None,
+        softcap=_softcap(extra) if shape.softcap else None,
+    )
+    if extra.random() < 0.6:
+        features.update(model_values)
     batch = Batch(
         level=level,
         shape=shape,
@@ -411,7 +686,11 @@ def generate(
         spec_tokens=spec,
         pad_rows=pad_rows,
         pad_reqs=pad_reqs,
-        with_lse=(not backend) and rng.random() < 0.5,
+        with_lse=with_lse,
+        **features,
+        layer=extra.randrange(shape.layers),
+        table_slack=0 if extra.random() < 0.25 else DEFAULT_TABLE_SLACK,
+        junk_table=extra.random() < 0.3,
         index=index,
     )
     validate(batch, limits)
@@ -433,8 +712,8 @@ def batches(
     accept: Callable[[Shape], bool] | None = None,
     limits: Limits = LIMITS,
 ) -> list[Batch]:
-    """The run's ``count`` batches (see ``level_of``), shapes drawn from ``shape_pool``."""
-    pool = shape_pool(base_seed, pool_size(count), accept)
+    """The run's ``count`` batches (see ``level_of``), shapes drawn from ``run_shapes``."""
+    pool = run_shapes(base_seed, count, accept)
     out = []
     for i in range(count):
         s = batch_seed(base_seed, i)
@@ -486,6 +765,12 @@ def _raw_candidates(b: Batch) -> Iterator[Batch]:
         yield replace(b, pad_rows=0)
     if b.with_lse:
         yield replace(b, with_lse=False)
+    if b.junk_table:
+        yield replace(b, junk_table=False)
+    if b.table_slack != DEFAULT_TABLE_SLACK:
+        yield replace(b, table_slack=DEFAULT_TABLE_SLACK)
+    if b.layer:
+        yield replace(b, layer=0)
     if b.spec_tokens:  # decodes must stay within the lower threshold
         t = b.spec_tokens // 2 + 1
         yield replace(

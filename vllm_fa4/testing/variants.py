@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 
 from vllm_fa4 import envs
-from vllm_fa4.kernels.config import KernelConfig
-from vllm_fa4.paged_prefill.policy import configured_config
+from vllm_fa4.kernels.config import SUPPORTED_HEAD_DIMS, KernelConfig, KernelKey
+from vllm_fa4.paged_prefill.policy import LONG_BATCH_MIN_PAGE, configured_config, serving_configs
 
 ALL_CONFIGS = tuple(
     KernelConfig.parse(s)
@@ -75,3 +75,25 @@ def config_id(config: KernelConfig | None) -> str:
 def sweep_configs() -> tuple[KernelConfig | None, ...]:
     """The configs named by ``VLLM_FA4_TEST_VARIANTS``."""
     return parse_configs(envs.sweep_variants_spec())
+
+
+def representative_keys() -> tuple[KernelKey, ...]:
+    """Keys whose serving configs are every config serving can pick (a unit test walks every
+    supported key): each head dim at page 16 and at LONG_BATCH_MIN_PAGE, with and without a
+    window (the picks depend on nothing else)."""
+    return tuple(
+        KernelKey("bfloat16", head_dim, page, 4, sliding_window=window)
+        for head_dim in SUPPORTED_HEAD_DIMS
+        for page in (16, LONG_BATCH_MIN_PAGE)
+        for window in (False, True)
+    )
+
+
+def served_configs() -> tuple[tuple[KernelKey, KernelConfig], ...]:
+    """(key, config) for every config ``serving_configs`` picks for the representative keys,
+    once per head dim (the tile shapes differ), with the first key that picks it."""
+    seen: dict[tuple[KernelConfig, int], KernelKey] = {}
+    for key in representative_keys():
+        for config in serving_configs(key).all:
+            seen.setdefault((config, key.head_dim), key)
+    return tuple((key, config) for (config, _), key in seen.items())

@@ -1,0 +1,71 @@
+"""The exactly-once scheduler test (tests/gpu/test_tile_scheduler.py) runs every config serving
+can pick: testing.variants.served_configs, from a few representative keys, must cover the
+serving picks of every supported key, and the GPU test must list each of them."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import itertools
+from pathlib import Path
+
+from vllm_fa4.kernels.config import (
+    SUPPORTED_DTYPES,
+    SUPPORTED_HEAD_DIMS,
+    SUPPORTED_PAGE_SIZES,
+    BlockStep,
+    KernelConfig,
+    KernelKey,
+    KvBox,
+)
+from vllm_fa4.paged_prefill.policy import serving_configs
+from vllm_fa4.testing.variants import representative_keys, served_configs
+
+SCHEDULER_TEST = Path(__file__).resolve().parents[1] / "gpu" / "test_tile_scheduler.py"
+
+
+def _every_key():
+    for dtype, head_dim, page, group, window, softcap, sinks in itertools.product(
+        SUPPORTED_DTYPES,
+        SUPPORTED_HEAD_DIMS,
+        SUPPORTED_PAGE_SIZES,
+        (1, 2, 4, 8, 16, 32, 64, 128),
+        (False, True),
+        (False, True),
+        (False, True),
+    ):
+        key = KernelKey(dtype, head_dim, page, group, True, window, softcap, sinks)
+        if key.unsupported_reason() is None:
+            yield key
+
+
+def test_served_configs_cover_every_supported_key():
+    served = {(config, key.head_dim) for key, config in served_configs()}
+    missed = {
+        (config.spec, key.head_dim)
+        for key in _every_key()
+        for config in serving_configs(key).all
+        if (config, key.head_dim) not in served
+    }
+    assert not missed, f"serving picks not among testing.variants.served_configs: {missed}"
+    assert all(key in representative_keys() for key, _ in served_configs())
+
+
+def test_served_configs_include_the_defaults_the_hand_list_missed():
+    served = {config for _, config in served_configs()}
+    long_128 = serving_configs(KernelKey("bfloat16", 128, 16, 4)).long
+    assert long_128.kv_box is KvBox.WIDE and long_128 in served
+    assert long_128.block_step is BlockStep.OVERLAP_PV_WAIT_MID
+    hd64 = KernelConfig.parse("queue_with_work+overlap+q_tma+lazy_max+mma_wgs=3")
+    mid = dataclasses.replace(hd64, block_step=BlockStep.OVERLAP_PV_WAIT_MID)
+    assert hd64 in served and mid in served
+
+
+def test_scheduler_test_runs_every_served_config():
+    spec = importlib.util.spec_from_file_location("tile_scheduler_test", SCHEDULER_TEST)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    runs = {tuple(p.values) for p in module.RUNS}
+    for key, config in served_configs():
+        window = module.WINDOW_LEFT if key.sliding_window else None
+        assert (key.head_dim, key.page_size, window, config) in runs, config.spec
