@@ -95,16 +95,17 @@ def prepare_ours(p: Problem) -> Callable:
 
     # Time the compiled kernel or fail: never the slow PyTorch fallback route.
     os.environ[ROUTE_ENV] = "kernel"
-    from vllm_fa4 import envs
     from vllm_fa4.kernels.config import KernelKey
     from vllm_fa4.paged_prefill import plan_prefill, run_prefill
+    from vllm_fa4.paged_prefill.policy import configured_config, serving_configs
 
     qsl_cpu, seq_cpu = host_lengths(p.specs)
+    key = KernelKey.for_layer(p.q.dtype, p.head_dim, p.page_size, p.num_q_heads, p.num_kv_heads)
     plan = plan_prefill(
         qsl_cpu,
         seq_cpu,
-        key=KernelKey.for_layer(p.q.dtype, p.head_dim, p.page_size, p.num_q_heads, p.num_kv_heads),
-        config=envs.kernel_config(),
+        key=key,
+        configs=serving_configs(key, configured_config()),
         num_kv_heads=p.num_kv_heads,
         cu_seqlens_q=p.cu_seqlens_q,
         seqused_k=p.seqused_k,

@@ -49,7 +49,7 @@ def main() -> None:
 def measure(specs, calls: int) -> tuple[float, float, float, float]:
     from vllm.vllm_flash_attn import flash_attn_varlen_func
 
-    from vllm_fa4.kernels.compile import prefill_forward
+    from vllm_fa4.kernels.launch import prefill_forward
     from vllm_fa4.paged_prefill import run_prefill
     from vllm_fa4.testing.cases import make_paged_case
 

@@ -2,7 +2,7 @@
 on one model's attention shape (default Llama-3.1-8B: Hq 32, Hkv 8, D 128; bf16, causal), in
 one process.
 
-Run: python benchmarks/variants_ab.py [--variants "base pingpong base@l2=32"|all]
+Run: python benchmarks/variants_ab.py [--variants "one_per_cta+serial queue+overlap@l2=32"|all]
                                       [--pages 16,128] [--cases 512x32,16kx1] [--rounds 3]
                                       [--model llama-3.2-1b] [--window-left 4095]
                                       [--softcap 30] [--sinks]

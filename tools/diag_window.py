@@ -7,7 +7,8 @@ import argparse
 
 import torch
 
-from vllm_fa4.kernels.config import DEFAULT_CONFIG, serving_configs
+from vllm_fa4.kernels.config import DEBUG_BASELINE
+from vllm_fa4.paged_prefill.policy import serving_configs
 from vllm_fa4.paged_prefill.run import run_prefill
 from vllm_fa4.testing import cases
 
@@ -45,7 +46,7 @@ def main():
     out = torch.empty_like(case.q).contiguous()
     fa3 = case.fa3(out, k_cache=kv[..., :128], v_cache=kv[..., 128:])
     print("FA3  ", per_request(fa3, ref, cu))
-    for config in dict.fromkeys((*serving_configs(case.key).all, DEFAULT_CONFIG)):
+    for config in dict.fromkeys((*serving_configs(case.key).all, DEBUG_BASELINE)):
         plan = case.plan(config)
         o = case.new_out()
         run_prefill(plan, case.q, case.k_cache, case.v_cache, o, softmax_scale=case.softmax_scale)

@@ -116,7 +116,7 @@ for s in "$@"; do
       --models llama-3.2-1b,llama-3.1-70b-tp4,llama-3.1-70b-tp8 --cases all --out $OUT/kother ;;
     variants) step variant-tests 300 variant_tests
       step variant-bench 200 $PY benchmarks/variants_ab.py --pages 16,128 \
-        --variants "'${VARIANTS_AB:-base pagepf stages3 pingpong+pagepf}'" ;;
+        --variants "'${VARIANTS_AB:-default one_per_cta+serial queue+overlap}'" ;;
     servebench) TAIL=60 step serve-bench 590 $PY benchmarks/serving.py serve --merge \
       --out "${SERVE_OUT:-/tmp/serving}" ${SERVE_ARGS:-} ;;
     servethr) TAIL=60 step serve-throughput 590 $PY benchmarks/serving.py throughput --merge \

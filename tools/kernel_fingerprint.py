@@ -4,6 +4,15 @@ sm_90a on the CPU and hash their normalized PTX, so a refactor can prove it left
 
     python tools/kernel_fingerprint.py --out /tmp/fp-before           # before the change
     python tools/kernel_fingerprint.py --out /tmp/fp-after --compare /tmp/fp-before
+    python tools/kernel_fingerprint.py --served --sass --out /tmp/fp-before  # what serving runs
+
+`--served` builds every config serving can launch (``serving_configs(key).all`` over every
+supported dtype x head dim x page size x GQA group in SERVED_GROUPS x model-feature set in
+SERVED_FEATURES), once per key class that changes the code: head dim, page size class (below
+128 or not) and feature set; the representative key of each (class, config) rotates through
+the class's dtypes, page sizes and groups. Cases are named by that key and the config's role
+there (long / short / both batches), not by the config's spelling, so a refactor that renames
+configs still compares case by case.
 
 Writes one normalized PTX file per case and `hashes.txt` (case, sha256). `--compare` prints
 `same` / `DIFF` per case and exits 1 on any difference (a refactor must print no DIFF). With
@@ -23,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from itertools import product
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,6 +49,16 @@ OTHER_KEYS = (
 )
 
 
+# `--served`: GQA groups and model-feature sets enumerated (softcap and sinks together: they
+# change different code, the softmax and the epilogue)
+SERVED_GROUPS = (1, 3, 4, 8)
+SERVED_FEATURES = (
+    {},
+    {"sliding_window": True},
+    {"softcap": True, "sinks": True},
+    {"sliding_window": True, "softcap": True, "sinks": True},
+)
+
 # configs that do not build DEFAULT_KEY (mma_wgs=3: head dim 64 only) are built for this one
 HD64_KEY = ("bfloat16", 64, 16, 4)
 
@@ -52,12 +72,14 @@ def _key_for(spec: str, key):
 
 
 def _cases(which: str, specs: list[str], key=DEFAULT_KEY):
+    from vllm_fa4.kernels.config import DEBUG_BASELINE
+
     for spec in specs:
         yield _key_for(spec, key), spec, False
-    yield key, "base", True
+    yield key, DEBUG_BASELINE.spec, True
     if which == "all":
         for key in OTHER_KEYS:
-            yield key, "base", False
+            yield key, DEBUG_BASELINE.spec, False
 
 
 def _case_name(key, spec: str, has_lse: bool) -> str:
@@ -65,11 +87,59 @@ def _case_name(key, spec: str, has_lse: bool) -> str:
     return f"{dtype}-hd{hd}-p{page}-g{gqa}-{spec.replace('+', '_')}{'-lse' if has_lse else ''}"
 
 
-def _compile(key, spec: str, has_lse: bool) -> None:
+def served_cases():
+    """[(case name, KernelKey, KernelConfig)]: every config serving can launch, once per key
+    class (head dim, page size class, feature set) it is served in; see the module doc."""
+    from vllm_fa4.kernels.config import (
+        SUPPORTED_DTYPES,
+        SUPPORTED_HEAD_DIMS,
+        SUPPORTED_PAGE_SIZES,
+        KernelKey,
+    )
+    from vllm_fa4.paged_prefill.policy import serving_configs
+
+    cases = []
+    for head_dim in SUPPORTED_HEAD_DIMS:
+        for long_page in (False, True):
+            pages = [p for p in SUPPORTED_PAGE_SIZES if (p >= 128) == long_page]
+            for features in SERVED_FEATURES:
+                uses: dict = {}  # config -> [(key, role)], in the order first served
+                # dtype varies fastest, then the page size: neighbouring picks differ in both
+                for group, page, dtype in product(SERVED_GROUPS, pages, SUPPORTED_DTYPES):
+                    key = KernelKey(dtype, head_dim, page, group, **features)
+                    if key.unsupported_reason() is not None:
+                        continue
+                    configs = serving_configs(key)
+                    for config in configs.all:
+                        role = (
+                            "both"
+                            if configs.long == configs.short
+                            else ("long" if config == configs.long else "short")
+                        )
+                        uses.setdefault(config, []).append((key, role))
+                for config, keys in uses.items():
+                    key, role = keys[len(cases) % len(keys)]
+                    cases.append((_served_name(key, role), key, config))
+    return cases
+
+
+def _served_name(key, role: str) -> str:
+    feats = "".join(
+        f"-{name}" for name in ("sliding_window", "softcap", "sinks") if getattr(key, name)
+    )
+    g = key.qhead_per_kvhead
+    return f"{key.dtype}-hd{key.head_dim}-p{key.page_size}-g{g}{feats}-{role}"
+
+
+def _compile(key, config, has_lse: bool) -> None:
     from vllm_fa4.kernels.compile import compile_kernel
     from vllm_fa4.kernels.config import KernelConfig, KernelKey
 
-    compile_kernel(KernelKey(*key), KernelConfig.parse(spec), has_lse)
+    if isinstance(key, tuple):
+        key = KernelKey(*key)
+    if isinstance(config, str):
+        config = KernelConfig.parse(config)
+    compile_kernel(key, config, has_lse)
 
 
 def normalize_ptx(text: str) -> str:
@@ -80,25 +150,37 @@ def normalize_ptx(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.splitlines() if line.strip()) + "\n"
 
 
-def _sass(cubin: Path) -> str | None:
-    tool = shutil.which("cuobjdump")
-    if tool is None:
-        return None
-    out = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True)
+def cuobjdump() -> str | None:
+    """cuobjdump: the copy Triton bundles (in this venv), else the one on PATH, else None."""
+    try:
+        import triton
+
+        tool = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+        if tool.exists():
+            return str(tool)
+    except ImportError:
+        pass
+    return shutil.which("cuobjdump")
+
+
+def _sass(cubin: Path) -> str:
+    out = subprocess.run(
+        [cuobjdump(), "-sass", str(cubin)], capture_output=True, text=True, check=True
+    )
     m = re.search(r"Function\s*:\s*(\S+)", out.stdout)
     text = out.stdout.replace(m.group(1), "KERNEL") if m else out.stdout
     return "\n".join(line for line in text.splitlines() if "Function" in line or "/*" in line)
 
 
-def fingerprint(case, out_dir: Path, sass: bool) -> dict[str, str]:
-    """Compile one case with the DSL's dump options and return {artifact: sha256}."""
-    key, spec, has_lse = case
-    name = _case_name(key, spec, has_lse)
+def fingerprint(name: str, case, out_dir: Path, sass: bool) -> dict[str, str]:
+    """Compile one case (key, config, has_lse) with the DSL's dump options and return
+    {"<name> <artifact>": sha256}."""
+    key, config, has_lse = case
     # The DSL reads its dump folder once, at import: empty it before every case.
     dump = os.environ["CUTE_DSL_DUMP_DIR"]
     shutil.rmtree(dump, ignore_errors=True)
     os.makedirs(dump)
-    _compile(key, spec, has_lse)
+    _compile(key, config, has_lse)
     hashes = {}
     ptx = sorted(Path(dump).rglob("*.ptx"))
     if len(ptx) != 1:
@@ -106,12 +188,13 @@ def fingerprint(case, out_dir: Path, sass: bool) -> dict[str, str]:
     text = normalize_ptx(ptx[0].read_text())
     (out_dir / f"{name}.ptx").write_text(text)
     hashes["ptx"] = hashlib.sha256(text.encode()).hexdigest()
-    cubins = sorted(Path(dump).rglob("*.cubin"))
-    if sass and cubins:
+    if sass:
+        cubins = sorted(Path(dump).rglob("*.cubin"))
+        if len(cubins) != 1:
+            raise RuntimeError(f"{name}: expected one cubin, found {len(cubins)}")
         text = _sass(cubins[0])
-        if text is not None:
-            (out_dir / f"{name}.sass").write_text(text)
-            hashes["sass"] = hashlib.sha256(text.encode()).hexdigest()
+        (out_dir / f"{name}.sass").write_text(text)
+        hashes["sass"] = hashlib.sha256(text.encode()).hexdigest()
     return {f"{name} {kind}": h for kind, h in hashes.items()}
 
 
@@ -119,6 +202,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", required=True, type=Path, help="folder for PTX files and hashes.txt")
     ap.add_argument("--compare", type=Path, help="an earlier --out folder to compare against")
+    ap.add_argument(
+        "--served",
+        action="store_true",
+        help="every config serving can launch, per key class (ignores --keys/--configs/--key)",
+    )
+    ap.add_argument(
+        "--only",
+        metavar="REGEX",
+        help="build only the cases whose name matches (a quick check between full runs)",
+    )
     ap.add_argument("--keys", choices=("default", "all"), default="all")
     ap.add_argument(
         "--configs",
@@ -132,39 +225,74 @@ def main(argv=None) -> int:
         "(default %(default)s)",
     )
     ap.add_argument("--sass", action="store_true", help="also hash SASS (needs cuobjdump)")
+    ap.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        help="rebuilds of a case that differs from --compare before it counts (default 2)",
+    )
     args = ap.parse_args(argv)
+    if args.sass and cuobjdump() is None:
+        ap.error("--sass needs cuobjdump (Triton's bundled copy or one on PATH)")
 
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     os.environ["CUTE_DSL_KEEP"] = "ptx,cubin" if args.sass else "ptx"
     os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="kernel-fingerprint-")
     sys.path.insert(0, str(REPO))
-    if args.configs:
-        specs = args.configs.split()
+    if args.served:
+        cases = [(name, (key, config, False)) for name, key, config in served_cases()]
+        distinct = len({case[1] for _, case in cases})
+        print(f"{len(cases)} served builds, {distinct} distinct configs", flush=True)
     else:
-        from vllm_fa4.testing.variants import ALL_CONFIGS
+        if args.configs:
+            specs = args.configs.split()
+        else:
+            from vllm_fa4.testing.variants import ALL_CONFIGS
 
-        specs = [c.spec for c in ALL_CONFIGS]
+            specs = [c.spec for c in ALL_CONFIGS]
+        dtype, *dims = args.key.split(",")
+        cases = [
+            (_case_name(*case), case) for case in _cases(args.keys, specs, (dtype, *map(int, dims)))
+        ]
+    if args.only:
+        cases = [(name, case) for name, case in cases if re.search(args.only, name)]
     args.out.mkdir(parents=True, exist_ok=True)
     hashes: dict[str, str] = {}
-    dtype, *dims = args.key.split(",")
-    cases = list(_cases(args.keys, specs, (dtype, *map(int, dims))))
-    for i, case in enumerate(cases, 1):
-        print(f"[{i}/{len(cases)}] {_case_name(*case)}", flush=True)
-        hashes.update(fingerprint(case, args.out, args.sass))
+    before = {}
+    if args.compare is not None:
+        before = dict(
+            line.rsplit(" ", 1) for line in (args.compare / "hashes.txt").read_text().splitlines()
+        )
+    rebuilt = []
+    for i, (name, case) in enumerate(cases, 1):
+        print(f"[{i}/{len(cases)}] {name}", flush=True)
+        got = fingerprint(name, case, args.out, args.sass)
+        # The compiler's output is not always the same for the same source (seen at head dim
+        # 64, page 64, one head per group: 2 of ~200 builds, gone on a rebuild), so a case
+        # that differs is rebuilt before it counts: a real change differs every time.
+        for _ in range(args.retries):
+            if all(before.get(k, v) == v for k, v in got.items()):
+                break
+            rebuilt.append(name)
+            print(f"  differs; rebuilding {name}", flush=True)
+            got = fingerprint(name, case, args.out, args.sass)
+        hashes.update(got)
     (args.out / "hashes.txt").write_text("".join(f"{k} {v}\n" for k, v in sorted(hashes.items())))
     if args.compare is None:
         return 0
-    before = dict(
-        line.rsplit(" ", 1) for line in (args.compare / "hashes.txt").read_text().splitlines()
-    )
-    differ = 0
+    differ = new = 0
     for k, v in sorted(hashes.items()):
         old = before.get(k)
         status = "same" if old == v else ("NEW" if old is None else "DIFF")
         differ += status == "DIFF"
+        new += status == "NEW"
         print(f"{status:4} {k}")
-    print(f"{differ} of {len(hashes)} differ")
-    return 1 if differ else 0
+    # A served case that vanished or appeared means the served set itself changed.
+    missing = 0 if args.only else len(before.keys() - hashes.keys())
+    print(f"{differ} of {len(hashes)} differ ({new} new, {missing} of the earlier run missing)")
+    if rebuilt:
+        print(f"rebuilt after a first difference: {', '.join(rebuilt)}")
+    return 1 if differ or (args.served and (new or missing)) else 0
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ def build(key, config, margin):
 
 
 def launch(fn, case, plan, out):
-    from vllm_fa4.kernels.compile import _sm_count, _tile_counters
+    from vllm_fa4.kernels.launch import _sm_count, _tile_counters
 
     a = plan.args
     n = min(a.work_tiles.shape[0], _sm_count(case.q.device))

@@ -3,7 +3,7 @@
 once, so a timed GPU session does not spend its minutes compiling one kernel after another.
 
     python tools/precompile.py --model llama-3.2-1b --pages 16,128 \\
-        --configs "default overlap+pingpong+mma_wgs=3" [--window-left 127] [--sinks] \\
+        --configs "default queue+overlap+mma_wgs=3" [--window-left 127] [--sinks] \\
         [--lse no|yes|both] [-j 8]
 
 ``default`` stands for the key's serving configs (every config the plan can pick). Each
@@ -40,7 +40,8 @@ def jobs(args) -> list:
     """The (key, config, has_lse) triples the options name (unsupported configs dropped)."""
     from _common import MODELS
 
-    from vllm_fa4.kernels.config import KernelConfig, KernelKey, serving_configs
+    from vllm_fa4.kernels.config import KernelConfig, KernelKey
+    from vllm_fa4.paged_prefill.policy import serving_configs
 
     shape = MODELS[args.model]
     lse = {"no": (False,), "yes": (True,), "both": (False, True)}[args.lse]

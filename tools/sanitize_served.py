@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from vllm_fa4.kernels.config import KernelKey, serving_configs  # noqa: E402
+from vllm_fa4.kernels.config import KernelKey  # noqa: E402
+from vllm_fa4.paged_prefill.policy import serving_configs  # noqa: E402
 
 # (dtype, head dim, page, Hq, Hkv, window_left, softcap, sinks)
 SHAPES = (

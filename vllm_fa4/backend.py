@@ -28,10 +28,10 @@ from vllm_fa4.kernels.config import (
     KernelKey,
     ModelFeatures,
     dtype_name,
-    serving_configs,
 )
 from vllm_fa4.metadata import FA4Metadata, FA4MetadataBuilder
 from vllm_fa4.paged_prefill import run_prefill, split_kv_cache
+from vllm_fa4.paged_prefill.policy import configured_config, serving_configs
 
 _USE_INSTEAD = "use --attention-backend FLASH_ATTN for this model"
 FA3_SINK_MAX_Q_HEADS = 64  # FA3's s_aux: "We only support query heads <= 64 with S aux"
@@ -163,7 +163,7 @@ def _environment_reasons(head_size: int, dtype: torch.dtype, block_size: int | N
     except ValueError as e:
         reasons.append(f"FA4: {e}")
     try:
-        config = envs.kernel_config()
+        config = configured_config()
     except ValueError as e:
         reasons.append(f"FA4: {e}")
     key = KernelKey(dtype_name(dtype), head_size, block_size or 16, 1)

@@ -1,7 +1,8 @@
 """Every environment variable vllm-fa4 reads, read here and nowhere else in the package.
 
 VLLM_FA4_VARIANT        kernel config spec (``KernelConfig.parse``), read by the metadata
-                        builder at startup; unset or ``default``: each key's ``serving_configs``
+                        builder at startup; unset or ``default``: each key's
+                        ``policy.serving_configs``
 VLLM_FA4_PREFILL_ROUTE  ``auto`` / ``kernel`` / ``reference`` (``paged_prefill.route``)
 VLLM_FA4_CACHE_DIR      compiled-kernel disk cache (``kernels.cache``; default
                         ``~/.cache/vllm_fa4/kernels``); must be a directory only this user
@@ -14,6 +15,7 @@ VLLM_FA4_FUZZ_SEED      base seed of the fuzz suite's batches; default 0
 VLLM_FA4_FUZZ_REPLAY    one fuzz batch as JSON (printed by a failure): run only that batch
 
 Each function reads the environment when called, so a test can set a variable and call again.
+A leaf: strings and ints only, the callers parse them (nothing here imports the package).
 """
 
 from __future__ import annotations
@@ -21,8 +23,6 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-
-from vllm_fa4.kernels.config import KernelConfig
 
 VARIANT = "VLLM_FA4_VARIANT"
 PREFILL_ROUTE = "VLLM_FA4_PREFILL_ROUTE"
@@ -33,33 +33,16 @@ FUZZ_SEED = "VLLM_FA4_FUZZ_SEED"
 FUZZ_REPLAY = "VLLM_FA4_FUZZ_REPLAY"
 DEFAULT_FUZZ_COUNT = 300
 PREFILL_ROUTES = ("auto", "kernel", "reference")
-
-
 # The way out every refusal of a setting names (the user may not want to debug ours).
 WAY_OUT = "or serve with --attention-backend FLASH_ATTN"
 SERVING_DEFAULTS = "default"  # VLLM_FA4_VARIANT spelling of "unset": the per-batch defaults
 
 
-def kernel_config() -> KernelConfig | None:
-    """The kernel config named by the environment, or None (unset or ``default``: each key's
-    serving configs, picked per batch). A spec that does not parse, or one with a test-only
-    flag, is a startup error naming the value, the valid spellings and FLASH_ATTN."""
+def kernel_config_spec() -> str | None:
+    """The kernel config spec the environment names, or None (unset or ``default``: each
+    key's serving configs); the caller parses it (``paged_prefill.policy.configured_config``)."""
     spec = os.environ.get(VARIANT, "").strip()
-    if spec in ("", SERVING_DEFAULTS):
-        return None
-    try:
-        config = KernelConfig.parse(spec)
-    except ValueError as e:
-        raise ValueError(
-            f"{VARIANT}={spec!r}: {e}; or {SERVING_DEFAULTS!r} (the per-batch serving "
-            f"defaults, as when unset). Fix or unset {VARIANT}, {WAY_OUT}"
-        ) from None
-    if config.test_only_flags:
-        raise ValueError(
-            f"{VARIANT}={spec!r}: {', '.join(config.test_only_flags)} is test-only kernel "
-            f"instrumentation, never served. Unset {VARIANT}, {WAY_OUT}"
-        )
-    return config
+    return None if spec in ("", SERVING_DEFAULTS) else spec
 
 
 def prefill_route() -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vllm_fa4 import envs, warmup
+from vllm_fa4 import warmup
 from vllm_fa4.compat import (
     AttentionCGSupport,
     AttentionMetadataBuilder,
@@ -25,9 +25,10 @@ from vllm_fa4.compat import (
     prefill_seq_lens_cpu,
     split_decodes_and_prefills,
 )
-from vllm_fa4.kernels.config import KernelKey, ModelFeatures, dtype_name, serving_configs
+from vllm_fa4.kernels.config import KernelKey, ModelFeatures, dtype_name
 from vllm_fa4.paged_prefill import PrefillPlan, plan_prefill, select_route
 from vllm_fa4.paged_prefill.layout import KvCacheLayout, fit_serving_configs
+from vllm_fa4.paged_prefill.policy import configured_config, serving_configs
 
 logger = logging.getLogger("vllm_fa4")
 
@@ -88,14 +89,14 @@ class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
         # measured defaults (short batches: persistent grid). All are compiled at startup,
         # fitted to the cache layout the spec announces (padded pages of hybrid models).
         self.kernel_configs = _fit_to_spec_layout(
-            serving_configs(self.kernel_key, envs.kernel_config()), self.kernel_key, kv_cache_spec
+            serving_configs(self.kernel_key, configured_config()), self.kernel_key, kv_cache_spec
         )
         # Startup, not mid-request: a key without a kernel raises here (route "auto" on a
         # GPU); the fp32 reference runs only when VLLM_FA4_PREFILL_ROUTE=reference asks for
-        # it, or on CPU (tests).
-        for config in self.kernel_configs.all:
-            self.prefill_route = select_route(self.kernel_key, config, device)
-            if self.prefill_route == "kernel":
+        # it, or on CPU (tests). Every plan carries this one decision.
+        self.prefill_route = select_route(self.kernel_key, self.kernel_configs, device)
+        if self.prefill_route == "kernel":
+            for config in self.kernel_configs.all:
                 warmup.request(self.kernel_key, config)
         self.decode_builder = FlashAttentionMetadataBuilder(
             kv_cache_spec, layer_names, vllm_config, device
@@ -157,7 +158,8 @@ class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
             qsl_cpu - qsl_cpu[0],
             seq_lens_cpu[nd:num_reqs],
             key=self.kernel_key,
-            config=self.kernel_configs,
+            configs=self.kernel_configs,
+            route=self.prefill_route,
             num_kv_heads=self.num_kv_heads,
             cu_seqlens_q=cm.query_start_loc[nd : num_reqs + 1] - num_decode_tokens,
             seqused_k=cm.seq_lens[nd:num_reqs],

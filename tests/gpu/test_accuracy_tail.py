@@ -13,10 +13,10 @@ As a script, a table of ours / FA3 per kernel config (to find which kernel chang
 the tail)::
 
     python tests/gpu/test_accuracy_tail.py --configs default \\
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+v_warp" \\
-        "overlap+pingpong+persistent+softmax_per_arm+q_tma+queue_work+v_warp+pv_wait_mid"
+        "queue_with_work+overlap+q_tma+v_warp+lazy_max" \\
+        "queue_with_work+pv_wait_mid+q_tma+v_warp"
 
-``default`` is the serving pick (``serving_configs(key).pick`` per batch, printed); other
+``default`` is the serving pick (``policy.serving_configs(key).pick`` per batch, printed); other
 strings are ``KernelConfig.parse`` specs. ``--seeds`` and ``--cases`` narrow the run. Exit
 status 1 when a worst ratio is above 2.
 """
@@ -108,8 +108,9 @@ def run_tail(tail: TailCase, config, seed: int, device: str = "cuda") -> TailRes
     serving pick)."""
     from vllm.vllm_flash_attn import flash_attn_varlen_func
 
-    from vllm_fa4.kernels.compile import prefill_forward
+    from vllm_fa4.kernels.launch import prefill_forward
     from vllm_fa4.paged_prefill import plan_prefill
+    from vllm_fa4.paged_prefill.policy import serving_configs
     from vllm_fa4.testing.cases import make_paged_case
 
     case = make_paged_case(
@@ -132,7 +133,7 @@ def run_tail(tail: TailCase, config, seed: int, device: str = "cuda") -> TailRes
         qsl,
         case.seq_lens_cpu[nd:],
         key=case.key,
-        config=config,
+        configs=serving_configs(case.key, config),
         num_kv_heads=case.num_kv_heads,
         cu_seqlens_q=cu,
         seqused_k=seqused,

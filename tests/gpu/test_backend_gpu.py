@@ -21,8 +21,8 @@ def vllm_config_for(tmp_path):
     import vllm_fa4
 
     vllm_fa4.register()
+    from helpers.vllm_configs import make_vllm_config, write_tiny_llama
     from vllm.config import set_current_vllm_config
-    from vllm_configs import make_vllm_config, write_tiny_llama
 
     with contextlib.ExitStack() as stack:
 

@@ -9,12 +9,8 @@ cache buffer bit-for-bit unchanged."""
 import pytest
 import torch
 
-from vllm_fa4.kernels.config import (
-    SUPPORTED_HEAD_DIMS,
-    SUPPORTED_PAGE_SIZES,
-    KernelKey,
-    serving_configs,
-)
+from vllm_fa4.kernels.config import SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES, KernelKey
+from vllm_fa4.paged_prefill.policy import serving_configs
 
 pytestmark = pytest.mark.gpu
 

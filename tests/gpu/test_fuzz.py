@@ -41,7 +41,8 @@ import pytest
 import torch
 
 from vllm_fa4 import envs
-from vllm_fa4.kernels.config import KernelKey, serving_configs
+from vllm_fa4.kernels.config import KernelKey
+from vllm_fa4.paged_prefill.policy import serving_configs
 from vllm_fa4.testing import fuzz
 from vllm_fa4.testing.variants import config_id, sweep_configs
 
@@ -380,7 +381,7 @@ class _Ctx:
     def vllm_config(self, shape: fuzz.Shape, spec_tokens: int):
         key = (shape, spec_tokens)
         if key not in self.configs:
-            from vllm_configs import make_vllm_config, write_tiny_llama
+            from helpers.vllm_configs import make_vllm_config, write_tiny_llama
 
             hq, hkv, d = shape.num_q_heads, shape.num_kv_heads, shape.head_dim
             model = write_tiny_llama(

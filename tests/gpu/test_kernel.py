@@ -2,7 +2,8 @@
 
 Every test runs once per kernel config in VLLM_FA4_TEST_VARIANTS (default: the process config
 from VLLM_FA4_VARIANT; ``all`` = testing.variants.ALL_CONFIGS; or a list such as
-"base overlap+pingpong"). Example: VLLM_FA4_TEST_VARIANTS=all pytest tests/gpu/test_kernel.py
+"one_per_cta+serial queue+overlap").
+Example: VLLM_FA4_TEST_VARIANTS=all pytest tests/gpu/test_kernel.py
 """
 
 import pytest

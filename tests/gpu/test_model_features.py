@@ -1,7 +1,7 @@
 """GPU correctness of the model features (issue 11): sliding window, logit soft cap and
 attention sinks, alone and together, against the fp32 reference, for every config the plan
-can pick for the key (``serving_configs(key).all``); the window tests also run ``base`` (the
-non-overlapped loops, whose block range the window changes too).
+can pick for the key (``serving_configs(key).all``); the window tests also run ``DEBUG_BASELINE``
+(the serial step's loop, whose block range the window changes too).
 
 Each case also runs vLLM's FA3 with the same settings and holds it to the same bound: that
 ties the reference's semantics (window edges, cap, sink units) to what vLLM serves today.
@@ -12,13 +12,14 @@ that ignored it could not pass.
 import pytest
 import torch
 
-from vllm_fa4.kernels.config import DEFAULT_CONFIG, serving_configs
+from vllm_fa4.kernels.config import DEBUG_BASELINE
+from vllm_fa4.paged_prefill.policy import serving_configs
 
 pytestmark = pytest.mark.gpu
 
 
 def _configs(key, with_base=False):
-    extra = (DEFAULT_CONFIG,) if with_base else ()
+    extra = (DEBUG_BASELINE,) if with_base else ()
     return tuple(dict.fromkeys((*serving_configs(key).all, *extra)))
 
 

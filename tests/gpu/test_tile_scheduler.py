@@ -6,11 +6,12 @@ The configs: a hand list of scheduler variants, plus every config serving can pi
 with and without a window, run at that head dim, page and window; tests/unit/test_variants.py
 checks that these cover every supported key's picks).
 
-The kernels are built with the test-only ``count_visits`` flag: after a tile's epilogue one
-consumer thread adds 1 to the tile's cost column of ``work_tiles``, so after a launch every
-row's cost must have grown by exactly 1. The outputs are checked against the fp32 reference
-too (a skipped tile leaves NaN rows), and the tile counter must be back at zero, so the
-next launch on the stream (the next layer) starts fresh; the second launch checks that.
+The kernels are built with the test-only ``count_visits`` field (no spec can set it): after
+a tile's epilogue one consumer thread adds 1 to the tile's cost column of ``work_tiles``, so
+after a launch every row's cost must have grown by exactly 1. The outputs are checked against
+the fp32 reference too (a skipped tile leaves NaN rows), and the tile counter must be back at
+zero, so the next launch on the stream (the next layer) starts fresh; the second launch checks
+that.
 """
 
 import dataclasses
@@ -24,24 +25,22 @@ from vllm_fa4.testing.variants import served_configs
 pytestmark = pytest.mark.gpu
 
 SCHEDULERS = [
-    "base",
-    "persistent",
-    "overlap+pingpong+persistent+softmax_per_arm",
-    "persistent+q_prefetch",
-    "overlap+pingpong+persistent+q_prefetch+softmax_per_arm",
+    "one_per_cta+serial",
+    "queue+serial",
+    "queue+overlap",
+    "queue+serial+q_prefetch",
+    "queue+overlap+q_prefetch",
     # three consumer warpgroups (head dim 64 only): three turns, 192-row tiles
-    "overlap+pingpong+persistent+q_prefetch+softmax_per_arm+mma_wgs=3",
+    "queue+overlap+q_prefetch+mma_wgs=3",
     # Q by the producer's TMA into a two-stage ring, a tile ahead of the consumers
-    "persistent+q_tma",
-    "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma",
-    # the first block's Q K^T on a 64 x {32, 64, 96, 128} wgmma picked per tile
-    "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+narrow_diag",
+    "queue+serial+q_tma",
+    "queue+overlap+q_tma+lazy_max",
     # tiles handed over with their TileWork (the CTA's first tile through the queue too)
-    "persistent+q_tma+queue_work",
-    "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work",
+    "queue_with_work+serial+q_tma",
+    "queue_with_work+overlap+q_tma+lazy_max",
     # V loads by a second producer warp that takes the tiles from the queue too
-    "persistent+q_tma+queue_work+v_warp",
-    "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+v_warp",
+    "queue_with_work+serial+q_tma+v_warp",
+    "queue_with_work+overlap+q_tma+v_warp+lazy_max",
 ]
 
 WINDOW_LEFT = 300  # the window of the served configs picked for windowed keys
@@ -88,7 +87,7 @@ def _launch(plan, case, q, num_ctas):
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("head_dim,page,window_left,config", RUNS)
 def test_every_tile_runs_exactly_once(head_dim, page, window_left, config, shape):
-    from vllm_fa4.kernels import compile as kernel_compile
+    from vllm_fa4.kernels import launch as kernel_launch
     from vllm_fa4.testing import cases, checks
 
     specs, hq, hkv, num_ctas = SHAPES[shape]
@@ -116,7 +115,7 @@ def test_every_tile_runs_exactly_once(head_dim, page, window_left, config, shape
         )
         checks.assert_attention_close(outs[-1], ref, lowp, cu_seqlens_q=case.cu_seqlens_q)
         if config.persistent:
-            counters = [c for (dev, _), c in kernel_compile._TILE_COUNTERS.items()]
+            counters = [c for (dev, _), c in kernel_launch._TILE_COUNTERS.items()]
             assert counters and all(int(c.abs().sum()) == 0 for c in counters), (
                 "the tile counter was not reset by the last CTA"
             )

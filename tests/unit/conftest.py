@@ -3,7 +3,7 @@
 import os
 
 import pytest
-from vllm_configs import make_vllm_config, write_tiny_llama
+from helpers.vllm_configs import make_vllm_config, write_tiny_llama
 
 # Compile-only kernel tests target Hopper whatever the CuTe-DSL default (scripts/test.sh and
 # .ci/run set it too; this covers a bare `pytest tests/unit/test_cache.py`).

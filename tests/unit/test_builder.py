@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from vllm_fa4.kernels.config import KernelKey, tile_geometry
+from vllm_fa4.kernels.config import KernelKey, KvBox, tile_geometry
 from vllm_fa4.paged_prefill.plan import L2_SECTION_BYTES, build_work_tiles
 
 BLOCK = 16
@@ -154,8 +154,8 @@ def test_chunk_after_long_prefix_is_scheduled_first(vllm_config):
 
 
 def test_speculative_config_raises_threshold(tiny_llama_dir):
+    from helpers.vllm_configs import make_vllm_config
     from vllm.config import set_current_vllm_config
-    from vllm_configs import make_vllm_config
 
     config = make_vllm_config(tiny_llama_dir, num_speculative_tokens=3)
     with set_current_vllm_config(config):
@@ -259,11 +259,11 @@ def test_padded_pages_are_decided_at_startup(vllm_config, caplog):
 
     page = 2 * BLOCK * HKV * D * 2
     plain = _builder_with_spec(vllm_config).kernel_configs
-    assert plain.long.wide_box  # page 16, head dim 128: whole-row boxes
+    assert plain.long.kv_box is KvBox.WIDE  # page 16, head dim 128: whole-row boxes
     with caplog.at_level(logging.INFO, logger="vllm_fa4"):
         padded = _builder_with_spec(vllm_config, page_size_padded=page + 16).kernel_configs
-    assert not padded.long.wide_box and padded.short == plain.short
-    assert dataclasses.replace(padded.long, wide_box=True) == plain.long
+    assert padded.long.kv_box is KvBox.PER_CHUNK and padded.short == plain.short
+    assert dataclasses.replace(padded.long, kv_box=KvBox.WIDE) == plain.long
     assert any("padded KV pages" in r.getMessage() for r in caplog.records)
     # a pad of whole boxes (16 token slots) keeps them
     whole = _builder_with_spec(vllm_config, page_size_padded=page + 16 * HKV * 2 * D * 2)

@@ -11,7 +11,7 @@ process compiled is loaded, not compiled again, by another of the same run.
 
 import dataclasses
 import os
-from functools import partial
+from itertools import product
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
@@ -26,11 +26,16 @@ from vllm_fa4.kernels.config import (  # noqa: E402
     SUPPORTED_DTYPES,
     SUPPORTED_HEAD_DIMS,
     SUPPORTED_PAGE_SIZES,
+    BlockStep,
     KernelConfig,
     KernelKey,
-    serving_configs,
+    QLoad,
+    Tiles,
 )
+from vllm_fa4.paged_prefill.policy import serving_configs  # noqa: E402
 from vllm_fa4.testing.variants import ALL_CONFIGS, parse_configs  # noqa: E402
+
+DEBUG_BASELINE = KernelConfig.parse("one_per_cta+serial")  # the one serial loop kept
 
 
 def assert_compiles(key: KernelKey, config: KernelConfig, has_lse: bool) -> None:
@@ -134,8 +139,13 @@ def test_compile_key(key, config):
     assert_compiles(key, config, has_lse=False)
 
 
+@pytest.mark.compile_matrix
+def test_compile_default_config_with_lse():
+    assert_compiles(KernelKey("bfloat16", 128, 16, 4), DEFAULT_CONFIG, has_lse=True)
+
+
 # Issue 11's keys (sliding window, soft cap, sinks; alone and together) with every config
-# serving may pick for them, plus base (the non-overlapped loops), at both page regimes.
+# serving may pick for them, plus the serial step's loop, at both page regimes.
 FEATURE_KEYS = [
     KernelKey("bfloat16", 128, 16, 4, sliding_window=True),
     KernelKey("float16", 128, 128, 4, softcap=True),
@@ -148,7 +158,7 @@ FEATURE_KEYS = [
 FEATURE_CASES = [
     (key, config, has_lse)
     for key in FEATURE_KEYS
-    for config in (*serving_configs(key).all, DEFAULT_CONFIG)
+    for config in (*serving_configs(key).all, DEBUG_BASELINE)
     for has_lse in (False, True)
 ]
 
@@ -161,57 +171,48 @@ def test_compile_model_feature_keys(key, config, has_lse):
     assert_compiles(key, config, has_lse)
 
 
-# Every non-base config at the benchmark key; the combined variant also at the head-dim /
-# page / GQA extremes (smem epilogue lane layout per head dim, box splitting at page 128).
+# Every swept config at the benchmark key; the served ones also at the head-dim / page / GQA
+# extremes (smem epilogue lane layout per head dim, box splitting at page 128).
 VARIANT_CASES = [
-    (c.spec, KernelKey("bfloat16", 64 if c.mma_wgs == 3 else 128, 16, 4)) for c in ALL_CONFIGS[1:]
+    (c.spec, KernelKey("bfloat16", 64 if c.mma_wgs == 3 else 128, 16, 4)) for c in ALL_CONFIGS
 ] + [
     # three consumer warpgroups: gpt-oss's group of 8 at page 128, the staged epilogue, and
-    # the producer's 40 registers with page_prefetch (consumers then get 152)
-    ("overlap+pingpong+persistent+softmax_per_arm+mma_wgs=3", KernelKey("bfloat16", 64, 128, 8)),
-    ("overlap+pingpong+smem_epilogue+mma_wgs=3", KernelKey("float16", 64, 16, 1)),
-    ("pingpong+page_prefetch+kv_stages=3+mma_wgs=3", KernelKey("bfloat16", 64, 16, 3)),
-    ("pingpong+max_box_n=64", KernelKey("bfloat16", 128, 128, 4)),
-    ("overlap+pingpong+smem_epilogue+max_box_n=32", KernelKey("bfloat16", 128, 64, 4)),
-    ("overlap+pingpong+smem_epilogue", KernelKey("float16", 64, 128, 1)),
-    ("overlap+pingpong+smem_epilogue", KernelKey("bfloat16", 256, 16, 3)),
-    ("pingpong+smem_epilogue", KernelKey("bfloat16", 256, 128, 8)),
-    ("kv_stages=3", KernelKey("float16", 64, 16, 3)),
-    ("pingpong+page_prefetch", KernelKey("bfloat16", 128, 128, 4)),
-    ("overlap+pingpong+page_prefetch+max_box_n=32", KernelKey("bfloat16", 128, 64, 4)),
-    ("overlap+page_prefetch", KernelKey("float16", 256, 16, 3)),
-    ("smem_epilogue+persistent", KernelKey("bfloat16", 256, 128, 8)),
-    ("persistent+kv_stages=3", KernelKey("float16", 64, 32, 1)),
+    # the producer's 40 registers reading pages a block ahead (consumers then get 152)
+    ("queue+overlap+mma_wgs=3", KernelKey("bfloat16", 64, 128, 8)),
+    ("one_per_cta+overlap+staged_epilogue+mma_wgs=3", KernelKey("float16", 64, 16, 1)),
+    ("one_per_cta+overlap+pages_ahead+mma_wgs=3", KernelKey("bfloat16", 64, 16, 3)),
+    # a 128-token page in 64-row boxes (head dim 256's 64-key tiles) and in one 128-row box
+    ("one_per_cta+overlap", KernelKey("bfloat16", 256, 128, 4)),
+    ("one_per_cta+overlap+staged_epilogue", KernelKey("float16", 64, 128, 1)),
+    ("one_per_cta+overlap+staged_epilogue", KernelKey("bfloat16", 256, 16, 3)),
+    ("one_per_cta+serial+staged_epilogue", KernelKey("bfloat16", 256, 128, 8)),
+    ("one_per_cta+serial", KernelKey("float16", 64, 16, 3)),
+    ("one_per_cta+overlap+pages_ahead", KernelKey("bfloat16", 128, 128, 4)),
+    ("one_per_cta+overlap+pages_ahead", KernelKey("bfloat16", 128, 64, 4)),
+    ("one_per_cta+overlap+pages_ahead", KernelKey("float16", 256, 16, 3)),
+    ("queue+serial+staged_epilogue", KernelKey("bfloat16", 256, 128, 8)),
+    ("queue+serial", KernelKey("float16", 64, 32, 1)),
     # q_tma's box (G heads x T tokens x 64): a group that does not divide the tile (3: 126
     # of 128 rows), one head per KV head, 32 heads (4 tokens), three warpgroups
-    (
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma",
-        KernelKey("bfloat16", 128, 128, 3),
-    ),
-    ("persistent+q_tma", KernelKey("float16", 128, 16, 1)),
-    # queue_work's slot with the window's two words
-    (
-        "overlap+pingpong+persistent+softmax_per_arm+q_tma+queue_work",
-        KernelKey("bfloat16", 128, 16, 4, sliding_window=True),
-    ),
-    ("q_tma", KernelKey("bfloat16", 128, 32, 32)),
-    (
-        "overlap+pingpong+persistent+softmax_per_arm+q_tma+mma_wgs=3",
-        KernelKey("bfloat16", 64, 128, 8),
-    ),
+    ("queue+overlap+q_tma+lazy_max", KernelKey("bfloat16", 128, 128, 3)),
+    ("queue+serial+q_tma", KernelKey("float16", 128, 16, 1)),
+    # queue_with_work's slot with the window's two words
+    ("queue_with_work+overlap+q_tma", KernelKey("bfloat16", 128, 16, 4, sliding_window=True)),
+    ("one_per_cta+serial+q_tma", KernelKey("bfloat16", 128, 32, 32)),
+    ("queue+overlap+q_tma+mma_wgs=3", KernelKey("bfloat16", 64, 128, 8)),
     # wide_box's 5-D box (64, 8 rows, chunks, row groups): one chunk (head dim 64), four
-    # (256, 64-key tiles), a 128-row box, a page split into 32-row boxes, the base loop
-    ("wide_box", KernelKey("float16", 64, 32, 3)),
-    ("overlap+pingpong+wide_box", KernelKey("bfloat16", 256, 128, 2)),
-    ("overlap+pingpong+persistent+softmax_per_arm+wide_box", KernelKey("bfloat16", 256, 16, 4)),
+    # (256, 64-key tiles), a 128-row box, the serial loop
+    ("one_per_cta+serial+wide_box", KernelKey("float16", 64, 32, 3)),
+    ("one_per_cta+overlap+wide_box", KernelKey("bfloat16", 256, 128, 2)),
+    ("queue+overlap+wide_box", KernelKey("bfloat16", 256, 16, 4)),
     (
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+v_warp+wide_box",
+        "queue_with_work+overlap+q_tma+v_warp+wide_box+lazy_max",
         KernelKey("bfloat16", 128, 128, 8),
     ),
-    ("overlap+pingpong+page_prefetch+max_box_n=32+wide_box", KernelKey("bfloat16", 128, 64, 4)),
+    ("one_per_cta+overlap+wide_box+pages_ahead", KernelKey("bfloat16", 128, 64, 4)),
     # pv_wait_mid's split softmax after the soft cap and the window's mask, at head dim 256
     (
-        "overlap+pingpong+persistent+softmax_per_arm+pv_wait_mid",
+        "queue+pv_wait_mid",
         KernelKey("bfloat16", 256, 128, 2, sliding_window=True, softcap=True, sinks=True),
     ),
 ]
@@ -222,7 +223,7 @@ def test_wide_box_needs_whole_boxes_per_block():
     number of boxes is refused with the layout named, vLLM's layouts pass."""
     import torch
 
-    from vllm_fa4.kernels.compile import check_slot_boxes
+    from vllm_fa4.kernels.launch import check_slot_boxes
     from vllm_fa4.paged_prefill.layout import split_kv_cache
 
     cache = torch.empty(4, 8, 16, 2 * 128, dtype=torch.bfloat16)  # logical (blocks, H, page, 2D)
@@ -245,7 +246,7 @@ def test_compile_variants(spec, key):
 def test_three_warpgroups_at_head_dim_64_only():
     from vllm_fa4.kernels.compile import compile_kernel
 
-    three = KernelConfig.parse("overlap+pingpong+mma_wgs=3")
+    three = KernelConfig.parse("queue+overlap+mma_wgs=3")
     assert three.unsupported_reason(KernelKey("bfloat16", 64, 16, 4)) is None
     for hd in (128, 256):
         assert "head dim 64 only" in three.unsupported_reason(KernelKey("bfloat16", hd, 16, 4))
@@ -255,20 +256,9 @@ def test_three_warpgroups_at_head_dim_64_only():
     with pytest.raises(ValueError, match="head dim 64 only"):
         compile_kernel(KernelKey("bfloat16", 128, 16, 4), three)
     # 128 producer + 384 consumer threads fit the register file
-    for cfg in (three, KernelConfig.parse("page_prefetch+mma_wgs=3")):
+    for cfg in (three, KernelConfig.parse("pages_ahead+mma_wgs=3")):
         assert cfg.num_threads == 512
         assert 128 * cfg.producer_regs + 384 * cfg.mma_regs <= 65536
-
-
-def test_three_stages_refused_where_shared_memory_is_short():
-    from vllm_fa4.kernels.compile import compile_kernel
-
-    three = KernelConfig.parse("kv_stages=3")
-    assert three.unsupported_reason(KernelKey("bfloat16", 128, 16, 4)) is None
-    key256 = KernelKey("bfloat16", 256, 16, 4)
-    assert "shared memory" in three.unsupported_reason(key256)
-    with pytest.raises(ValueError, match="shared memory"):
-        compile_kernel(key256, three)
 
 
 def test_config_spellings_roundtrip(monkeypatch):
@@ -276,151 +266,94 @@ def test_config_spellings_roundtrip(monkeypatch):
         assert KernelConfig.parse(config.spec) == config
     assert len({c.spec for c in ALL_CONFIGS}) == len(ALL_CONFIGS)
     assert parse_configs("all") == ALL_CONFIGS
+    assert KernelConfig().spec == "queue+overlap"
+    # any order, each field at most once, a field left out keeps its default
+    assert KernelConfig.parse("lazy_max+q_tma+queue_with_work") == KernelConfig(
+        tiles=Tiles.QUEUE_WITH_WORK, q_load=QLoad.TMA, lazy_max=True
+    )
+    with pytest.raises(ValueError, match="sets tiles twice"):
+        KernelConfig.parse("queue+one_per_cta")
     monkeypatch.delenv("VLLM_FA4_VARIANT", raising=False)
     assert parse_configs(None) == (None,)  # each key's default config
-    assert parse_configs("default base") == (None, KernelConfig())
-    monkeypatch.setenv("VLLM_FA4_VARIANT", "pingpong")
-    assert parse_configs(None) == (KernelConfig(pingpong=True),)
-    assert parse_configs("base overlap+pingpong") == (
-        KernelConfig(),
-        KernelConfig(overlap=True, pingpong=True),
-    )
-    assert KernelConfig.parse("max_box_n=64").box_n(KernelKey("bfloat16", 128, 128, 4)) == 64
-    assert KernelConfig.parse("max_box_n=64").box_n(KernelKey("bfloat16", 128, 16, 4)) == 16
-    key = KernelKey("bfloat16", 128, 16, 4)
-    assert "needs 'overlap'" in KernelConfig.parse("softmax_per_arm").unsupported_reason(key)
-    pv_mid = KernelConfig.parse("overlap+pv_wait_mid")
-    assert "needs 'softmax_per_arm'" in pv_mid.unsupported_reason(key)
-    assert "needs 'pingpong'" in KernelConfig.parse("single_poller").unsupported_reason(key)
-    assert KernelConfig.parse("overlap+kv_evict_last").unsupported_reason(key) is None
-    assert KernelConfig.parse("overlap+persistent+softmax_per_arm").unsupported_reason(key) is None
-    assert "needs 'persistent'" in KernelConfig.parse("q_prefetch").unsupported_reason(key)
-    both = KernelConfig.parse("smem_epilogue+persistent+q_prefetch")
-    assert "exclude each other" in both.unsupported_reason(key)
-    both = KernelConfig.parse("q_tma+persistent+q_prefetch")
-    assert "exclude each other" in both.unsupported_reason(key)
-    # a staged epilogue writes O into the tile's own Q stage, freed after it
-    assert KernelConfig.parse("q_tma+smem_epilogue").unsupported_reason(key) is None
-    # two Q stages: 2 K/V stages fit head dim 128, not 256; 3 K/V stages fit head dim 64 only
-    assert KernelConfig.parse("q_tma").unsupported_reason(key) is None
-    assert "2 Q stages" in KernelConfig.parse("q_tma").unsupported_reason(
-        KernelKey("bfloat16", 256, 16, 4)
-    )
-    assert "256 KB" in KernelConfig.parse("q_tma+kv_stages=3").unsupported_reason(key)
-    assert KernelConfig.parse("narrow_diag").unsupported_reason(key) is None
-    assert "128-key blocks" in KernelConfig.parse("narrow_diag").unsupported_reason(
-        KernelKey("bfloat16", 256, 16, 4)
-    )
-    assert "needs 'persistent' and 'q_tma'" in KernelConfig.parse(
-        "persistent+queue_work"
-    ).unsupported_reason(key)
-    assert KernelConfig.parse("persistent+q_tma+queue_work").unsupported_reason(key) is None
-    assert (
-        KernelConfig.parse("q_tma+kv_stages=3").unsupported_reason(KernelKey("bfloat16", 64, 16, 4))
-        is None
-    )
+    assert parse_configs("default queue+overlap") == (None, KernelConfig())
+    monkeypatch.setenv("VLLM_FA4_VARIANT", "one_per_cta+serial")
+    serial = KernelConfig(tiles=Tiles.ONE_PER_CTA, block_step=BlockStep.SERIAL)
+    assert parse_configs(None) == (serial,)
+    assert serial.turns == 0 and KernelConfig.parse("overlap+mma_wgs=3").turns == 3
+
+
+def test_count_visits_is_not_a_spelling():
+    """Test instrumentation: no spec (the environment's included) can select it."""
+    assert "count_visits" not in KernelConfig.spellings()
+    with pytest.raises(ValueError, match="unknown kernel config value 'count_visits'"):
+        KernelConfig.parse("queue+count_visits")
+    counting = dataclasses.replace(KernelConfig(), count_visits=True)
+    assert counting.spec == KernelConfig().spec and counting != KernelConfig()
+
+
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("queue_with_work", "'queue_with_work' needs 'q_tma'"),
+        ("q_tma+v_warp", "'v_warp' needs 'queue_with_work'"),
+        ("one_per_cta+q_prefetch", "'q_prefetch' needs a queue"),
+        ("q_prefetch+staged_epilogue", "exclude each other"),
+        ("mma_wgs=4", "mma_wgs=4"),
+    ],
+)
+def test_config_rules(spec, words):
+    key = KernelKey("bfloat16", 64, 16, 4)
+    assert words in KernelConfig.parse(spec).unsupported_reason(key)
+
+
+def test_q_ring_needs_shared_memory():
+    # two Q stages: 2 K/V stages fit head dim 128, not 256; a staged epilogue writes O into
+    # the tile's own Q stage, freed after it
+    q_tma = KernelConfig.parse("q_tma")
+    assert q_tma.unsupported_reason(KernelKey("bfloat16", 128, 16, 4)) is None
+    assert "2 Q stages" in q_tma.unsupported_reason(KernelKey("bfloat16", 256, 16, 4))
+    staged = KernelConfig.parse("q_tma+staged_epilogue")
+    assert staged.unsupported_reason(KernelKey("bfloat16", 128, 16, 4)) is None
 
 
 def test_serving_configs_by_head_dim_page_size_and_batch():
-    from vllm_fa4.kernels.config import (
-        OVERLAP_PINGPONG,
-        PERSISTENT_OVERLAP,
-        PERSISTENT_OVERLAP_QPF,
-        PERSISTENT_OVERLAP_QPF_3WG,
-        PERSISTENT_OVERLAP_QTMA,
-        PERSISTENT_OVERLAP_QWORK,
-        PERSISTENT_OVERLAP_QWORK_3WG,
-        PERSISTENT_OVERLAP_QWORK_V_WARP,
-        PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD,
-        PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD_WIDE,
-        serving_configs,
-    )
-
-    def lazy(config):
-        return dataclasses.replace(config, lazy_max=True)
-
-    assert PERSISTENT_OVERLAP.persistent and PERSISTENT_OVERLAP.overlap
-    assert KernelConfig.parse(PERSISTENT_OVERLAP.spec + "+q_prefetch") == PERSISTENT_OVERLAP_QPF
-    assert KernelConfig.parse(PERSISTENT_OVERLAP.spec + "+q_tma") == PERSISTENT_OVERLAP_QTMA
-    assert KernelConfig.parse(PERSISTENT_OVERLAP_QTMA.spec + "+queue_work") == (
-        PERSISTENT_OVERLAP_QWORK
-    )
-    staged = dataclasses.replace(PERSISTENT_OVERLAP_QWORK, smem_epilogue=True)
-    for page in (16, 32, 64, 128, 256):  # head dim 128: q_tma + queue_work + lazy_max, short
-        configs = serving_configs(KernelKey("bfloat16", 128, page, 4))  # batches staged;
-        # long ones load V on a second producer warp, below page 128 with the page table
-        # read a block ahead and whole-row K/V boxes
-        long = (
-            PERSISTENT_OVERLAP_QWORK_V_WARP
-            if page >= 128
-            else PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD_WIDE
+    """Invariants of the serving policy over every key it can be asked about (which config
+    each key gets is the policy table's business and not restated here)."""
+    features = [{}, {"sliding_window": True}, {"softcap": True, "sinks": True}]
+    keys = [
+        KernelKey(dtype, head_dim, page, group, **flags)
+        for dtype, head_dim, page, group, flags in product(
+            SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES, (1, 3, 4, 8, 32), features
         )
-        # ... and every one waits for P V after the first row's exponentials
-        mid = partial(dataclasses.replace, pv_wait_mid=True)
-        assert configs.all == (mid(lazy(long)), mid(lazy(staged)))
-        assert configs.pick(100, 10**6) == mid(lazy(long))
-    v_warp = dataclasses.replace(PERSISTENT_OVERLAP_QWORK, v_warp=True)
-    assert v_warp == PERSISTENT_OVERLAP_QWORK_V_WARP
-    assert dataclasses.replace(v_warp, page_prefetch=True) == (
-        PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD
-    )
-    assert dataclasses.replace(v_warp, page_prefetch=True, wide_box=True) == (
-        PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD_WIDE
-    )
-    assert (
-        KernelConfig.parse("persistent+q_tma+v_warp").unsupported_reason(
-            KernelKey("bfloat16", 128, 16, 4)
-        )
-        == "flag 'v_warp' needs 'queue_work'"
-    )
-    for page in (16, 32, 64):
-        # with a sliding window (lazy_max not measured there): the session-4 picks
-        windowed = serving_configs(KernelKey("bfloat16", 128, page, 4, sliding_window=True))
-        assert windowed.all == (PERSISTENT_OVERLAP, PERSISTENT_OVERLAP_QPF)
-        assert windowed.pick(100, 10**6) == PERSISTENT_OVERLAP
-        assert windowed.pick(100, 100) == PERSISTENT_OVERLAP_QPF
-    p128 = KernelKey("bfloat16", 128, 128, 4)
-    p128_windowed = KernelKey("bfloat16", 128, 128, 4, sliding_window=True)
-    assert serving_configs(p128_windowed).all == (PERSISTENT_OVERLAP_QPF,)
-    assert dataclasses.replace(PERSISTENT_OVERLAP_QPF, mma_wgs=3) == PERSISTENT_OVERLAP_QPF_3WG
-    assert dataclasses.replace(PERSISTENT_OVERLAP_QWORK, mma_wgs=3) == PERSISTENT_OVERLAP_QWORK_3WG
-    for page in (16, 64, 128):  # head dim 64: three warpgroups, every batch; short ones
-        configs = serving_configs(KernelKey("bfloat16", 64, page, 8))  # with pv_wait_mid
-        three = lazy(PERSISTENT_OVERLAP_QWORK_3WG)
-        assert configs.all == (three, dataclasses.replace(three, pv_wait_mid=True))
-        assert configs.pick(100, 10**6) == three
-        # gpt-oss's 128-key window: lazy_max has nothing to skip there (0 to -1.8 %)
-        windowed = serving_configs(KernelKey("bfloat16", 64, page, 8, sliding_window=True))
-        assert windowed.all == (PERSISTENT_OVERLAP_QPF_3WG,)
-    for page in (16, 64):  # head dim 256: lazy_max for long batches only
-        configs = serving_configs(KernelKey("bfloat16", 256, page, 4))
-        assert configs.all == (lazy(PERSISTENT_OVERLAP), PERSISTENT_OVERLAP)
-        assert configs.pick(100, 10**6) == lazy(PERSISTENT_OVERLAP)
-        assert configs.pick(100, 100) == PERSISTENT_OVERLAP
-        windowed = serving_configs(KernelKey("bfloat16", 256, page, 4, sliding_window=True))
-        assert windowed.all == (PERSISTENT_OVERLAP,)
-    configs = serving_configs(KernelKey("bfloat16", 256, 128, 4))
-    assert configs.all == (OVERLAP_PINGPONG, PERSISTENT_OVERLAP)
+    ]
+    for key in keys:
+        configs = serving_configs(key)
+        for config in configs.all:  # every served config builds every key it serves
+            assert config.unsupported_reason(key) is None, (key, config.spec)
+            assert not config.count_visits
+        # one plan tiles the batch before it picks: long and short tile alike
+        assert configs.long.mma_wgs == configs.short.mma_wgs
+        if key.sliding_window:  # a row visits about two blocks: lazy_max has nothing to skip
+            assert not any(config.lazy_max for config in configs.all), key
+    configs = serving_configs(KernelKey("bfloat16", 128, 16, 4))
+    assert configs.long != configs.short
     limit = configs.short_max_blocks
-    assert configs.pick(100, 100 * limit) == PERSISTENT_OVERLAP  # mean cost at the limit
-    assert configs.pick(100, 100 * limit + 1) == OVERLAP_PINGPONG
-    assert configs.pick(0, 0) == OVERLAP_PINGPONG
-    for key in (p128, KernelKey("float16", 64, 16, 1), KernelKey("bfloat16", 256, 16, 2)):
-        assert all(c.unsupported_reason(key) is None for c in serving_configs(key).all)
-    fixed = serving_configs(p128, KernelConfig(pingpong=True))
-    assert fixed.all == (KernelConfig(pingpong=True),)
-    assert fixed.pick(10, 10) == fixed.pick(10, 10**6) == KernelConfig(pingpong=True)
+    assert configs.pick(100, 100 * limit) == configs.short  # mean cost at the limit
+    assert configs.pick(100, 100 * limit + 1) == configs.long
+    assert configs.pick(0, 0) == configs.long
+    fixed = KernelConfig.parse("one_per_cta+serial")  # VLLM_FA4_VARIANT: every batch
+    assert serving_configs(KernelKey("bfloat16", 128, 16, 4), fixed).all == (fixed,)
 
 
-@pytest.mark.parametrize("spec", ["pingpnog", "smemepi", "kv_stages", "overlap=1", "kv_stages=x"])
+@pytest.mark.parametrize("spec", ["pingpnog", "smemepi", "mma_wgs", "overlap=1", "mma_wgs=x"])
 def test_bad_config_spelling_names_the_valid_ones(spec, monkeypatch):
-    from vllm_fa4 import envs
+    from vllm_fa4.paged_prefill.policy import configured_config
 
-    with pytest.raises(ValueError, match="kv_stages"):
+    with pytest.raises(ValueError, match="mma_wgs"):
         KernelConfig.parse(spec)
     monkeypatch.setenv("VLLM_FA4_VARIANT", spec)
     with pytest.raises(ValueError, match="VLLM_FA4_VARIANT"):
-        envs.kernel_config()
+        configured_config()
 
 
 def test_disk_cache_roundtrip(tmp_path):

@@ -8,9 +8,10 @@ import dataclasses
 import pytest
 import torch
 
-from vllm_fa4.kernels.config import KernelKey, serving_configs
+from vllm_fa4.kernels.config import KernelKey, KvBox
 from vllm_fa4.paged_prefill import split_kv_cache
 from vllm_fa4.paged_prefill.layout import KvCacheLayout, fit_config, kv_views_problem
+from vllm_fa4.paged_prefill.policy import serving_configs
 
 
 def _vllm_cache(num_blocks, block_size, hkv, d, dtype=torch.bfloat16):
@@ -122,13 +123,13 @@ def test_wide_box_fits_whole_boxes_only(pad_bytes, fits):
     of whole boxes keep wide_box; any other pad falls back to per-chunk boxes."""
     key = KernelKey("bfloat16", 128, 16, 4)
     long = serving_configs(key).long
-    assert long.wide_box  # the default long-batch config at page 16
+    assert long.kv_box is KvBox.WIDE  # the default long-batch config at page 16
     page = 16 * 3 * 2 * 128 * 2
     layout = KvCacheLayout.packed(16, 3, 128, 2, page + pad_bytes)
     assert layout.unsupported_reason() is None
     fitted = fit_config(long, key, layout)
-    assert fitted.wide_box == fits
-    assert fitted == (long if fits else dataclasses.replace(long, wide_box=False))
+    assert (fitted.kv_box is KvBox.WIDE) == fits
+    assert fitted == (long if fits else dataclasses.replace(long, kv_box=KvBox.PER_CHUNK))
     # configs without wide_box are never touched
     short = serving_configs(key).short
     assert fit_config(short, key, layout) is short
@@ -139,4 +140,4 @@ def test_cross_layer_layout_keeps_wide_box():
     page = 16 * 8 * 2 * 128 * 2
     for layers in (2, 3, 32):
         layout = KvCacheLayout.packed(16, 8, 128, 2, layers * page)
-        assert fit_config(serving_configs(key).long, key, layout).wide_box
+        assert fit_config(serving_configs(key).long, key, layout).kv_box is KvBox.WIDE

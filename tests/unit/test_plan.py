@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 
@@ -12,9 +11,14 @@ import torch
 
 from vllm_fa4.kernels.config import KernelConfig, KernelKey, TileGeometry, tile_geometry
 from vllm_fa4.paged_prefill import PrefillPlan, plan_prefill
+from vllm_fa4.paged_prefill.policy import ServingConfigs, serving_configs
 
 
-def _plan(specs, hq=32, hkv=8, d=128, page=16, dtype=torch.bfloat16, **options) -> PrefillPlan:
+def _plan(
+    specs, hq=32, hkv=8, d=128, page=16, dtype=torch.bfloat16, config=None, **options
+) -> PrefillPlan:
+    """plan_prefill of ``specs``; ``config``: one KernelConfig for every batch, or the
+    ServingConfigs to pick from (None: the key's serving configs)."""
     q_lens = [s[0] for s in specs]
     k_lens = [s[1] for s in specs]
     cu = torch.zeros(len(specs) + 1, dtype=torch.int32)
@@ -22,12 +26,16 @@ def _plan(specs, hq=32, hkv=8, d=128, page=16, dtype=torch.bfloat16, **options) 
     seq = torch.tensor(k_lens, dtype=torch.int32)
     pages = max([math.ceil(k / page) for k in k_lens], default=0) + 1
     table = torch.zeros(len(specs), pages, dtype=torch.int32)
+    key = KernelKey.for_layer(
+        dtype, d, page, hq, hkv, sliding_window=options.get("window_left") is not None
+    )
+    if not isinstance(config, ServingConfigs):
+        config = serving_configs(key, config)
     return plan_prefill(
         cu,
         seq,
-        key=KernelKey.for_layer(
-            dtype, d, page, hq, hkv, sliding_window=options.get("window_left") is not None
-        ),
+        key=key,
+        configs=config,
         num_kv_heads=hkv,
         cu_seqlens_q=cu.clone(),
         seqused_k=seq.clone(),
@@ -81,7 +89,7 @@ def test_work_list_is_brute_force_lpt(hq, hkv, d):
 @pytest.mark.parametrize("hq,hkv", [(32, 8), (64, 8), (9, 3)])
 def test_three_warpgroups_tile_192_rows(hq, hkv):
     """mma_wgs=3 (head dim 64): the plan tiles 192 packed rows, 192 // group tokens."""
-    config = KernelConfig.parse("overlap+pingpong+mma_wgs=3")
+    config = KernelConfig.parse("queue+overlap+mma_wgs=3")
     plan = _plan(SPECS, hq, hkv, 64, config=config, l2_section_bytes=None)
     group = hq // hkv
     assert plan.geometry == TileGeometry(192, 128, 192 // group)
@@ -91,10 +99,8 @@ def test_three_warpgroups_tile_192_rows(hq, hkv):
 
 
 def test_serving_configs_must_share_the_m_tile():
-    from vllm_fa4.kernels.config import ServingConfigs
-
-    two = KernelConfig.parse("overlap+pingpong")
-    three = KernelConfig.parse("overlap+pingpong+mma_wgs=3")
+    two = KernelConfig.parse("queue+overlap")
+    three = KernelConfig.parse("queue+overlap+mma_wgs=3")
     with pytest.raises(ValueError, match="differ in mma_wgs"):
         ServingConfigs(long=two, short=three)
     assert ServingConfigs(long=three, short=three).geometry(
@@ -150,12 +156,12 @@ def test_device_tensors_are_passed_through():
     cu = torch.tensor([0, 3], dtype=torch.int32)
     seq = torch.tensor([10], dtype=torch.int32)
     table = torch.zeros(4, 8, dtype=torch.int32)[1:2]  # a row view of a larger block table
-    config = KernelConfig.parse("persistent")
+    config = KernelConfig.parse("queue+serial")
     plan = plan_prefill(
         cu,
         seq,
         key=KernelKey("float16", 64, 16, 1),
-        config=config,
+        configs=serving_configs(KernelKey("float16", 64, 16, 1), config),
         num_kv_heads=4,
         cu_seqlens_q=cu,
         seqused_k=seq,
@@ -189,6 +195,7 @@ def test_validation_errors():
     table = torch.zeros(1, 1, dtype=torch.int32)
     kw = dict(
         key=KernelKey("bfloat16", 128, 16, 4),
+        configs=serving_configs(KernelKey("bfloat16", 128, 16, 4)),
         num_kv_heads=2,
         cu_seqlens_q=cu,
         seqused_k=seq,
@@ -266,51 +273,28 @@ def test_l2_sections_keep_fewer_pairs_in_flight():
 
 
 def test_plan_uses_sections_and_picks_the_config_per_batch():
-    from vllm_fa4.kernels.config import (
-        OVERLAP_PINGPONG,
-        PERSISTENT_OVERLAP,
-        PERSISTENT_OVERLAP_QWORK_3WG,
-        PERSISTENT_OVERLAP_QWORK_STAGED,
-        PERSISTENT_OVERLAP_QWORK_V_WARP,
-    )
-
-    def lazy(config):
-        return dataclasses.replace(config, lazy_max=True, pv_wait_mid=True)
-
+    """The plan runs each key's long config on batches whose tiles visit more than
+    short_max_blocks K/V tiles on average and its short one on the others, at every head dim
+    and page regime (which configs those are is the policy's business, not the plan's)."""
     plan = _plan([(16384, 16384)], page=128)
-    # head dim 128 (lazy() adds lazy_max and pv_wait_mid), long batches at page 128: V
-    # loaded by a second producer warp
-    assert plan.config == lazy(PERSISTENT_OVERLAP_QWORK_V_WARP)
-    # short batches (tiles visit <= 16 K/V tiles on average): O staged, 16-byte stores
-    assert _plan([(512, 512)] * 8, page=128).config == lazy(PERSISTENT_OVERLAP_QWORK_STAGED)
     heads_first = {r[1] for r in plan.work_tiles_cpu[:132].tolist()}
     assert len(heads_first) <= 2  # 8 MB of K/V per head, 16 MiB sections
-    # head dim 256 at page 128: long tiles run the one-CTA-per-tile grid ...
-    assert _plan([(16384, 16384)], d=256, page=128).config == OVERLAP_PINGPONG
-    assert _plan([(2048, 65536 + 2048)], d=256, page=128).config == OVERLAP_PINGPONG
-    # ... and 512-token requests (tiles visit 1-8 K/V tiles) the persistent grid
-    assert _plan([(512, 512)] * 8, d=256, page=128).config == PERSISTENT_OVERLAP
-    # head dim 256 below page 128: lazy_max for long batches only
-    assert _plan([(16384, 16384)], d=256, page=16).config == dataclasses.replace(
-        PERSISTENT_OVERLAP, lazy_max=True
-    )
-    assert _plan([(512, 512)] * 8, d=256, page=16).config == PERSISTENT_OVERLAP
-    # head dim 64: three warpgroups (192-row tiles) for every batch and page, short batches
-    # with pv_wait_mid
-    three = dataclasses.replace(PERSISTENT_OVERLAP_QWORK_3WG, lazy_max=True)
-    for specs, page, config in (
-        ([(16384, 16384)], 128, three),
-        ([(512, 512)] * 8, 16, dataclasses.replace(three, pv_wait_mid=True)),
-    ):
-        plan = _plan(specs, d=64, page=page)
-        assert plan.config == config and plan.geometry.tile_m == 192
-    # below page 128, head dim 128: the same split, long batches with the page table read a
-    # block ahead and one TMA box per page for all of D
-    pages_ahead = dataclasses.replace(
-        PERSISTENT_OVERLAP_QWORK_V_WARP, page_prefetch=True, wide_box=True
-    )
-    assert _plan([(16384, 16384)], page=16).config == lazy(pages_ahead)
-    assert _plan([(512, 512)] * 8, page=16).config == lazy(PERSISTENT_OVERLAP_QWORK_STAGED)
+    long_batches = ([(16384, 16384)], [(2048, 65536 + 2048)])
+    short_batch = [(512, 512)] * 8  # tiles visit 1-4 K/V tiles
+    picked_both = False
+    for d in (64, 128, 256):
+        for page in (16, 128):
+            configs = serving_configs(KernelKey("bfloat16", d, page, 4))
+            for specs in long_batches:
+                plan = _plan(specs, d=d, page=page)
+                assert plan.total_work > configs.short_max_blocks * plan.num_tiles
+                assert plan.config == configs.long
+            plan = _plan(short_batch, d=d, page=page)
+            assert plan.config == configs.short
+            assert plan.geometry == configs.geometry(plan.key)
+            assert plan.geometry.tile_m == (192 if d == 64 else 128)
+            picked_both |= configs.long != configs.short
+    assert picked_both  # some key's batches really are picked between two configs
 
 
 # --- sliding window (issue 11) -------------------------------------------------------------
@@ -381,10 +365,9 @@ def test_window_wider_than_the_context_is_no_window():
         windowed = _plan(SPECS, window_left=window_left)
         assert torch.equal(windowed.work_tiles_cpu, plain.work_tiles_cpu)
         assert windowed.total_work == plain.total_work
-        # the config is picked per key (windowed keys keep the session-4 picks, without
-        # lazy_max or q_tma: test_kernel_compile); the tiling is not
+        # the config is picked per key (windowed keys have their own picks); the tiling is not
         assert windowed.geometry == plain.geometry
-        assert not windowed.config.lazy_max and plain.config.lazy_max
+        assert windowed.config in serving_configs(windowed.key).all
         assert windowed.window_left == window_left and plain.window_left is None
     narrower = _plan(SPECS, window_left=max(k for _, k in SPECS) - 200)
     assert narrower.total_work < plain.total_work
@@ -394,6 +377,7 @@ def test_window_key_mismatch_and_bad_window_raise():
     cu = torch.tensor([0, 3], dtype=torch.int32)
     seq = torch.tensor([10], dtype=torch.int32)
     kw = dict(num_kv_heads=2, cu_seqlens_q=cu, seqused_k=seq, page_table=torch.zeros(1, 1).int())
+    kw["configs"] = serving_configs(KernelKey("bfloat16", 128, 16, 4))
     plain = KernelKey("bfloat16", 128, 16, 4)
     windowed = KernelKey("bfloat16", 128, 16, 4, sliding_window=True)
     with pytest.raises(ValueError, match=r"key.sliding_window=False but window_left=5"):
@@ -409,8 +393,6 @@ def test_window_key_mismatch_and_bad_window_raise():
 def test_window_makes_a_chunk_after_a_long_prefix_short_work():
     """A 2k chunk after a 128k prefix with a 4k window visits ~33 K/V tiles per tile, not
     ~1040; the per-batch config pick sees the windowed work."""
-    from vllm_fa4.kernels.config import ServingConfigs, serving_configs
-
     specs = [(2048, 131072 + 2048)]
     plain = _plan(specs)
     windowed = _plan(specs, window_left=4095)  # vLLM sliding_window 4096
@@ -422,7 +404,7 @@ def test_window_makes_a_chunk_after_a_long_prefix_short_work():
     # the pick uses the windowed total ...
     key = windowed.key
     assert windowed.config == serving_configs(key).pick(windowed.num_tiles, windowed.total_work)
-    a, b = KernelConfig.parse("persistent"), KernelConfig.parse("overlap+pingpong")
+    a, b = KernelConfig.parse("queue+serial"), KernelConfig.parse("one_per_cta+overlap")
     configs = ServingConfigs(long=a, short=b, short_max_blocks=34)
     assert _plan(specs, config=configs, window_left=4095).config == b
     assert _plan(specs, config=configs).config == a

@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import sys
 
 import pytest
 import torch
 
 from vllm_fa4 import envs
-from vllm_fa4.kernels.config import DEFAULT_CONFIG, KernelConfig, KernelKey
+from vllm_fa4.kernels import launch as launch_mod
+from vllm_fa4.kernels.config import DEFAULT_CONFIG, KernelConfig, KernelKey, KvBox
 from vllm_fa4.kernels.launch import LaunchArgs
+from vllm_fa4.paged_prefill import reference as reference_mod
 from vllm_fa4.paged_prefill import route as route_mod
 from vllm_fa4.paged_prefill import run as run_mod
 from vllm_fa4.paged_prefill import run_prefill, select_route, split_kv_cache
+from vllm_fa4.paged_prefill.policy import serving_configs
 from vllm_fa4.testing.cases import make_paged_case
 
 KEY = KernelKey("bfloat16", 128, 16, 4, True)
 CONFIG = DEFAULT_CONFIG
+CONFIGS = serving_configs(KEY, CONFIG)
 ROUTE_ENV = envs.PREFILL_ROUTE
 
 
@@ -55,8 +58,8 @@ def test_reference_route_matches_reference(caplog):
 
 def test_route_is_reference_on_cpu_and_logged_once(caplog):
     with caplog.at_level(logging.INFO, logger="vllm_fa4"):
-        assert select_route(KEY, CONFIG, torch.device("cpu")) == "reference"
-        assert select_route(KEY, CONFIG, torch.device("cpu")) == "reference"
+        assert select_route(KEY, CONFIGS, torch.device("cpu")) == "reference"
+        assert select_route(KEY, CONFIGS, torch.device("cpu")) == "reference"
     msgs = [r for r in caplog.records if r.name == "vllm_fa4"]
     assert len(msgs) == 1 and "not a CUDA GPU" in msgs[0].getMessage()
 
@@ -64,27 +67,19 @@ def test_route_is_reference_on_cpu_and_logged_once(caplog):
 def test_forced_kernel_route_raises_without_gpu(monkeypatch):
     monkeypatch.setenv(ROUTE_ENV, "kernel")
     with pytest.raises(RuntimeError, match="VLLM_FA4_PREFILL_ROUTE=kernel.*not a CUDA GPU"):
-        select_route(KEY, CONFIG, "cpu")
-    case, plan = _setup()
+        select_route(KEY, CONFIGS, "cpu")
     with pytest.raises(RuntimeError, match="no FA4 prefill kernel"):
-        run_prefill(
-            plan,
-            case.q,
-            case.k_cache,
-            case.v_cache,
-            case.new_out(),
-            softmax_scale=case.softmax_scale,
-        )
+        _setup()  # the plan's maker decides the route (the builder: once, at startup)
 
 
 def test_bad_route_env(monkeypatch):
     monkeypatch.setenv(ROUTE_ENV, "fast")
     with pytest.raises(ValueError, match="expected one of"):
-        select_route(KEY, CONFIG, "cpu")
+        select_route(KEY, CONFIGS, "cpu")
 
 
-class _FakeCompile:
-    """Stands in for vllm_fa4.kernels.compile on a pretend SM90 device."""
+class _FakeLaunch:
+    """Stands in for kernels.launch.prefill_forward on a pretend SM90 device."""
 
     def __init__(self):
         self.calls = []
@@ -93,28 +88,25 @@ class _FakeCompile:
         self.calls.append(args)
         self.features = features
 
-    def __getattr__(self, name):  # the module's other names are never touched here
-        raise AttributeError(name)
-
 
 @pytest.fixture
 def fake_sm90(monkeypatch):
-    fake = _FakeCompile()
-    monkeypatch.setitem(sys.modules, "vllm_fa4.kernels.compile", fake)
+    fake = _FakeLaunch()
+    monkeypatch.setattr(launch_mod, "prefill_forward", fake.prefill_forward)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     return fake
 
 
 def test_kernel_route_when_available(fake_sm90, caplog):
     with caplog.at_level(logging.INFO, logger="vllm_fa4"):
-        assert select_route(KEY, CONFIG, "cuda:0") == "kernel"
+        assert select_route(KEY, CONFIGS, "cuda:0") == "kernel"
     assert any("-> kernel" in r.getMessage() for r in caplog.records)
 
 
 def test_forced_reference_warns_when_kernel_exists(fake_sm90, monkeypatch, caplog):
     monkeypatch.setenv(ROUTE_ENV, "reference")
     with caplog.at_level(logging.INFO, logger="vllm_fa4"):
-        assert select_route(KEY, CONFIG, "cuda:0") == "reference"
+        assert select_route(KEY, CONFIGS, "cuda:0") == "reference"
     warn = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert warn and "although a compiled kernel exists" in warn[0].getMessage()
 
@@ -124,14 +116,14 @@ def test_forced_reference_warns_when_kernel_exists(fake_sm90, monkeypatch, caplo
     [
         (KernelKey("bfloat16", 96, 16, 4, True), CONFIG, "head dim 96"),
         (KernelKey("bfloat16", 128, 16, 256, True), CONFIG, "GQA group size 256"),
-        (KEY, KernelConfig.parse("softmax_per_arm"), "'softmax_per_arm' needs 'overlap'"),
+        (KEY, KernelConfig.parse("v_warp"), "'v_warp' needs 'queue_with_work'"),
     ],
 )
 def test_no_kernel_on_gpu_is_an_error_not_a_fallback(fake_sm90, key, config, words):
     """Route ``auto`` on a GPU: a key or config without a kernel raises (the builder asks at
     startup), naming the reason and both ways out; it never runs the slow reference."""
     with pytest.raises(RuntimeError, match="no prefill kernel") as err:
-        select_route(key, config, "cuda:0")
+        select_route(key, serving_configs(key, config), "cuda:0")
     msg = str(err.value)
     assert words in msg and "FLASH_ATTN" in msg and f"{ROUTE_ENV}=reference" in msg
 
@@ -140,20 +132,20 @@ def test_auto_route_on_a_gpu_other_than_sm90_is_an_error(fake_sm90, monkeypatch)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
     with pytest.raises(RuntimeError, match="NVIDIA A100: compute capability 8.0 is not SM90"):
-        select_route(KEY, CONFIG, "cuda:0")
+        select_route(KEY, CONFIGS, "cuda:0")
 
 
 def test_reference_on_gpu_only_when_asked_for(fake_sm90, monkeypatch, caplog):
     key = KernelKey("bfloat16", 128, 16, 256, True)
     monkeypatch.setenv(ROUTE_ENV, "reference")
     with caplog.at_level(logging.INFO, logger="vllm_fa4"):
-        assert select_route(key, CONFIG, "cuda:0") == "reference"
+        assert select_route(key, CONFIGS, "cuda:0") == "reference"
     assert any("forced by" in r.getMessage() for r in caplog.records)
 
 
 def test_kernel_route_passes_contract_arguments(fake_sm90, monkeypatch):
     case, plan = _setup(d=128)
-    monkeypatch.setattr(run_mod, "select_route", lambda key, config, device: "kernel")
+    plan = dataclasses.replace(plan, route="kernel")  # as a builder on an SM90 GPU plans
     out, lse = case.new_out(), torch.empty(case.num_q_heads, case.num_tokens)
     run_prefill(plan, case.q, case.k_cache, case.v_cache, out, softmax_scale=0.5, lse=lse)
     (args,) = fake_sm90.calls
@@ -172,8 +164,7 @@ def test_kernel_route_passes_model_features(fake_sm90, monkeypatch):
     case = make_paged_case(
         [(40, 300)], 8, 2, 64, 16, torch.float16, "cpu", window_left=31, softcap=5.0, sinks=True
     )
-    plan = case.plan()
-    monkeypatch.setattr(run_mod, "select_route", lambda key, config, device: "kernel")
+    plan = dataclasses.replace(case.plan(), route="kernel")
     run = dict(softmax_scale=0.5, softcap=5.0, sinks=case.sinks)
     run_prefill(plan, case.q, case.k_cache, case.v_cache, case.new_out(), **run)
     assert fake_sm90.features == dict(window_left=31, softcap=5.0, sinks=case.sinks)
@@ -251,11 +242,36 @@ def test_validation_errors():
     bad("softmax_scale must be positive", softmax_scale=0.0)
 
 
-def test_empty_plan_is_a_no_op():
+def _refuse(*args, **kwargs):
+    raise AssertionError("an empty plan must launch nothing")
+
+
+def test_empty_plan_is_a_no_op(monkeypatch):
+    """No query rows: neither the kernel nor the reference runs, whatever the route."""
+    monkeypatch.setattr(launch_mod, "prefill_forward", _refuse)
+    monkeypatch.setattr(run_mod, "paged_attention_reference", _refuse)
+    monkeypatch.setattr(reference_mod, "paged_attention_reference", _refuse)
     case, plan = _setup(specs=((0, 7),))
-    out = case.new_out()
-    run_prefill(plan, case.q, case.k_cache, case.v_cache, out, softmax_scale=1.0)
-    assert out.shape[0] == 0
+    assert plan.num_tiles == 0
+    for route in ("reference", "kernel"):
+        out = case.new_out()
+        empty = dataclasses.replace(plan, route=route)
+        run_prefill(empty, case.q, case.k_cache, case.v_cache, out, softmax_scale=1.0)
+        assert out.shape[0] == 0
+
+
+def test_run_follows_the_plans_route_without_deciding_again(monkeypatch, fake_sm90):
+    """The route is decided once, when the plan is made (the builder: at startup); a run
+    neither asks select_route nor reads the environment again."""
+    case, plan = _setup(d=128)
+    assert plan.route == "reference"  # CPU
+    monkeypatch.setattr(route_mod, "select_route", _refuse)
+    monkeypatch.setenv(ROUTE_ENV, "not-a-route")  # read per call, this would raise
+    args = (case.q, case.k_cache, case.v_cache)
+    run_prefill(plan, *args, case.new_out(), softmax_scale=0.5)
+    assert fake_sm90.calls == []
+    run_prefill(dataclasses.replace(plan, route="kernel"), *args, case.new_out(), softmax_scale=0.5)
+    assert len(fake_sm90.calls) == 1
 
 
 def _padded_views(case, pad: int):
@@ -274,14 +290,15 @@ def test_padded_pages_run_wide_box_configs_as_per_chunk(fake_sm90, monkeypatch, 
     with per-chunk boxes, logged once; never an exception mid-request."""
     case, _ = _setup(d=128, hkv=3, hq=12)
     plan = case.plan()
-    wide = dataclasses.replace(plan.config, wide_box=True, max_box_n=128)
-    plan = dataclasses.replace(plan, config=wide)
-    monkeypatch.setattr(run_mod, "select_route", lambda key, config, device: "kernel")
+    wide = dataclasses.replace(plan.config, kv_box=KvBox.WIDE)
+    plan = dataclasses.replace(plan, config=wide, route="kernel")
     k, v = _padded_views(case, pad=8)  # 16 bytes: aligned, but not a whole 16-slot box
     with caplog.at_level(logging.WARNING, logger="vllm_fa4"):
         for _ in range(2):
             run_prefill(plan, case.q, k, v, case.new_out(), softmax_scale=0.5)
-    assert [c[1] for c in fake_sm90.calls] == [dataclasses.replace(wide, wide_box=False)] * 2
+    assert [c[1] for c in fake_sm90.calls] == [
+        dataclasses.replace(wide, kv_box=KvBox.PER_CHUNK)
+    ] * 2
     said = [r.getMessage() for r in caplog.records if "wide_box" in r.getMessage()]
     assert len(said) == 1 and "not whole" in said[0]
     # the same config on vLLM's unpadded cache is launched as planned
@@ -291,7 +308,7 @@ def test_padded_pages_run_wide_box_configs_as_per_chunk(fake_sm90, monkeypatch, 
 
 def test_unreadable_layout_runs_the_reference_not_an_exception(fake_sm90, monkeypatch, caplog):
     case, plan = _setup(d=64)
-    monkeypatch.setattr(run_mod, "select_route", lambda key, config, device: "kernel")
+    plan = dataclasses.replace(plan, route="kernel")
     k, v = _padded_views(case, pad=2)  # 4 bytes: no TMA descriptor can address it
     out = case.new_out()
     with caplog.at_level(logging.ERROR, logger="vllm_fa4"):

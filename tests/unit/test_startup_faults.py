@@ -93,7 +93,7 @@ def test_nonsense_variant_is_refused_at_backend_selection(monkeypatch):
     (reason,) = validate()
     assert reason.startswith("FA4: VLLM_FA4_VARIANT='turbo+pingpnog'")
     assert "'turbo'" in reason and "--attention-backend FLASH_ATTN" in reason
-    for spelling in _valid_spellings():  # base, overlap, pingpong, ..., kv_stages=N
+    for spelling in _valid_spellings():  # one_per_cta, queue, ..., mma_wgs=N
         assert spelling in reason
     assert "'default'" in reason  # the per-batch defaults' spelling too
     assert "count_visits" not in reason  # test-only instrumentation is not offered
@@ -103,10 +103,10 @@ def test_nonsense_variant_is_refused_at_backend_selection(monkeypatch):
 def test_default_variant_means_the_per_batch_serving_defaults(monkeypatch, vllm_config, spec):
     """``VLLM_FA4_VARIANT=default`` (the docs' and the sweep tools' spelling) is the same
     as unset: each key's serving configs, picked per batch."""
-    from vllm_fa4.kernels.config import serving_configs
+    from vllm_fa4.paged_prefill.policy import configured_config, serving_configs
 
     monkeypatch.setenv(envs.VARIANT, spec)
-    assert envs.kernel_config() is None
+    assert configured_config() is None
     assert validate() == []
     builder = make_builder(vllm_config)
     assert builder.kernel_configs == serving_configs(builder.kernel_key)
@@ -114,20 +114,20 @@ def test_default_variant_means_the_per_batch_serving_defaults(monkeypatch, vllm_
 
 def test_test_only_flag_is_refused_for_serving(monkeypatch, vllm_config):
     """count_visits instruments the kernel for tests/gpu (an atomic per tile): serving it
-    would be slower and write into the work list, so the environment cannot select it."""
-    monkeypatch.setenv(envs.VARIANT, "overlap+pingpong+count_visits")
+    would be slower and write into the work list, so it has no spelling the environment (or
+    anything parsing a spec) could select."""
+    monkeypatch.setenv(envs.VARIANT, "queue+count_visits")
     (reason,) = validate()
-    assert "VLLM_FA4_VARIANT='overlap+pingpong+count_visits'" in reason
-    assert "count_visits is test-only" in reason and "FLASH_ATTN" in reason
-    with pytest.raises(ValueError, match="count_visits is test-only.*FLASH_ATTN"):
+    assert "VLLM_FA4_VARIANT='queue+count_visits'" in reason
+    assert "unknown kernel config flag 'count_visits'" in reason and "FLASH_ATTN" in reason
+    with pytest.raises(ValueError, match="'count_visits'.*FLASH_ATTN"):
         make_builder(vllm_config)
-    assert KernelConfig.parse("count_visits").count_visits  # tests still spell it
 
 
 def test_nonsense_variant_is_refused_by_the_builder(monkeypatch, vllm_config):
     monkeypatch.setenv(envs.VARIANT, "fastest")
     with pytest.raises(
-        ValueError, match="VLLM_FA4_VARIANT='fastest'.*valid: base, overlap.*FLASH_ATTN"
+        ValueError, match="VLLM_FA4_VARIANT='fastest'.*valid: one_per_cta, queue.*FLASH_ATTN"
     ):
         make_builder(vllm_config)
 
@@ -149,10 +149,10 @@ def test_nonsense_route_is_refused_at_startup(monkeypatch, vllm_config):
 
 
 def test_config_that_cannot_build_the_head_dim_is_refused_at_backend_selection(monkeypatch):
-    monkeypatch.setenv(envs.VARIANT, "kv_stages=3")
-    assert validate(head_size=128) == []  # 3 stages fit at head dim 128
+    monkeypatch.setenv(envs.VARIANT, "q_tma")
+    assert validate(head_size=128) == []  # two Q stages fit at head dim 128
     (reason,) = validate(head_size=256)
-    assert "kv_stages=3 cannot build the prefill kernel" in reason and "shared memory" in reason
+    assert "q_tma cannot build the prefill kernel" in reason and "shared memory" in reason
     monkeypatch.setenv(envs.PREFILL_ROUTE, "reference")  # asked for: no kernel needed
     assert validate(head_size=256) == []
 
@@ -161,8 +161,8 @@ def test_config_that_cannot_build_the_head_dim_is_refused_at_backend_selection(m
 def gqa256_config(tmp_path_factory):
     """A model with 256 query heads on one KV head: vLLM's checks pass (head dim 128), but
     the GQA group does not fit the kernel's 128-row tile, so no kernel exists for it."""
+    from helpers.vllm_configs import make_vllm_config, write_tiny_llama
     from vllm.config import set_current_vllm_config
-    from vllm_configs import make_vllm_config, write_tiny_llama
 
     model = write_tiny_llama(
         tmp_path_factory.mktemp("gqa256"),
@@ -187,7 +187,7 @@ def test_key_without_kernel_is_refused_by_the_builder_on_gpu(gqa256_config, fake
 def test_config_without_kernel_is_refused_by_the_builder_on_gpu(
     vllm_config, fake_hopper, monkeypatch
 ):
-    monkeypatch.setenv(envs.VARIANT, "kv_stages=3")
+    monkeypatch.setenv(envs.VARIANT, "q_tma")
     with pytest.raises(RuntimeError, match="no prefill kernel.*shared memory"):
         make_builder(vllm_config, device="cuda:0", head_size=256)
     assert fake_hopper == []

@@ -4,20 +4,21 @@ serving picks of every supported key, and the GPU test must list each of them.""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import itertools
 from pathlib import Path
 
 from vllm_fa4.kernels.config import (
-    PERSISTENT_OVERLAP_QWORK_3WG,
     SUPPORTED_DTYPES,
     SUPPORTED_HEAD_DIMS,
     SUPPORTED_PAGE_SIZES,
+    BlockStep,
+    KernelConfig,
     KernelKey,
-    serving_configs,
-    with_lazy_max,
-    with_pv_wait_mid,
+    KvBox,
 )
+from vllm_fa4.paged_prefill.policy import serving_configs
 from vllm_fa4.testing.variants import representative_keys, served_configs
 
 SCHEDULER_TEST = Path(__file__).resolve().parents[1] / "gpu" / "test_tile_scheduler.py"
@@ -53,9 +54,11 @@ def test_served_configs_cover_every_supported_key():
 def test_served_configs_include_the_defaults_the_hand_list_missed():
     served = {config for _, config in served_configs()}
     long_128 = serving_configs(KernelKey("bfloat16", 128, 16, 4)).long
-    assert long_128.wide_box and long_128.pv_wait_mid and long_128 in served
-    hd64 = with_lazy_max(PERSISTENT_OVERLAP_QWORK_3WG, KernelKey("bfloat16", 64, 16, 8))
-    assert hd64 in served and with_pv_wait_mid(hd64) in served
+    assert long_128.kv_box is KvBox.WIDE and long_128 in served
+    assert long_128.block_step is BlockStep.OVERLAP_PV_WAIT_MID
+    hd64 = KernelConfig.parse("queue_with_work+overlap+q_tma+lazy_max+mma_wgs=3")
+    mid = dataclasses.replace(hd64, block_step=BlockStep.OVERLAP_PV_WAIT_MID)
+    assert hd64 in served and mid in served
 
 
 def test_scheduler_test_runs_every_served_config():

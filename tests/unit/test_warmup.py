@@ -42,7 +42,7 @@ def test_key_compiled_once_at_request_and_listed(fresh_provider):
 
 def test_each_config_is_its_own_kernel(fresh_provider):
     compiled, _ = fresh_provider
-    other = KernelConfig.parse("persistent")
+    other = KernelConfig.parse("one_per_cta+serial")
     warmup.request(KEY, CONFIG)
     warmup.request(KEY, other)
     assert compiled == [(KEY, CONFIG), (KEY, other)]

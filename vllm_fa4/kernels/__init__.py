@@ -2,12 +2,12 @@
 
 Kept light: importing this package must not import cutlass (the DSL import costs ~2 s).
 
-    config.py          KernelKey, KernelConfig, tile_geometry (host only)
-    launch.py          LaunchArgs: the per-step tensors of a launch
-    compile.py         compile_kernel, compile_keys (warmup), prefill_forward (the launch)
+    config.py          KernelKey, KernelConfig (what the kernel can be), tile_geometry (host only)
+    launch.py          LaunchArgs (the per-step tensors), prefill_forward (the launch)
+    compile.py         compile_kernel, compile_keys (warmup), get_kernel (cached)
     cache.py           memory + disk cache of compiled kernels
     private_files.py   the disk cache's files: only ours (or root's), no symlinks, by descriptor
-    fwd_sm90.py        the kernel: producer warpgroup + 2 consumer warpgroups
+    fwd_sm90.py        the kernel: producer warpgroup + 2 or 3 consumer warpgroups
     tile_scheduler.py  which work tile a CTA runs next
     paged_kv.py, softmax.py, mask.py, epilogue.py, barriers.py   device building blocks
 """

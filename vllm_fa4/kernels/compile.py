@@ -1,4 +1,4 @@
-"""Compile and launch the SM90 prefill kernel.
+"""Compile the SM90 prefill kernel (the launch is kernels/launch.py).
 
 Compiled with `--enable-tvm-ffi` against fake tensors whose shapes are all dynamic, so one
 artifact serves every batch; the stream comes from the caller's current torch stream (no
@@ -12,8 +12,7 @@ import logging
 import time
 
 from vllm_fa4 import envs
-from vllm_fa4.kernels.config import DEFAULT_CONFIG, KernelConfig, KernelKey, check_features
-from vllm_fa4.kernels.launch import LaunchArgs
+from vllm_fa4.kernels.config import DEFAULT_CONFIG, KernelConfig, KernelKey
 
 envs.default_cute_dsl_env()
 
@@ -94,91 +93,3 @@ def compile_keys(
                     has_lse,
                     time.perf_counter() - t0,
                 )
-
-
-def check_slot_boxes(k_cache, box_n: int) -> None:
-    """`wide_box` addresses the cache as token slots (paged_kv.slot_view): a block must be a
-    whole number of ``box_n``-slot boxes. vLLM's caches are (block stride = page_size token
-    strides, or a multiple of it in a cross-layer layout)."""
-    block_stride, token_stride = k_cache.stride(0), k_cache.stride(1)
-    if block_stride % (token_stride * box_n):
-        raise ValueError(
-            f"vllm_fa4: the kernel config's wide_box needs the cache's block stride "
-            f"({block_stride}) to be a multiple of {box_n} token strides ({token_stride}); "
-            f"k_cache shape {tuple(k_cache.shape)} strides {tuple(k_cache.stride())}. Set "
-            "VLLM_FA4_VARIANT to a config without wide_box for this cache layout."
-        )
-
-
-_SM_COUNT: dict = {}
-# (device, stream) -> the [2] int32 tile counter of `persistent` launches on that stream. The kernel
-# zeroes it again on exit (tile_scheduler.TileQueue), so ordered launches share it; two
-# streams never do, or concurrent launches would steal each other's tiles.
-_TILE_COUNTERS: dict = {}
-
-
-def _sm_count(device) -> int:
-    n = _SM_COUNT.get(device)
-    if n is None:
-        import torch
-
-        n = _SM_COUNT[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return n
-
-
-def _tile_counters(device):
-    import torch
-
-    slot = (device, torch.cuda.current_stream(device).cuda_stream)
-    counters = _TILE_COUNTERS.get(slot)
-    if counters is None:
-        counters = _TILE_COUNTERS[slot] = torch.zeros(2, dtype=torch.int32, device=device)
-    return counters
-
-
-def prefill_forward(
-    key: KernelKey,
-    config: KernelConfig,
-    q,
-    k_cache,
-    v_cache,
-    out,
-    lse,
-    args: LaunchArgs,
-    softmax_scale: float,
-    num_ctas: int | None = None,
-    *,
-    window_left: int | None = None,
-    softcap: float | None = None,
-    sinks=None,
-) -> None:
-    """Run the kernel for one step's prefill rows (tensor contracts: docs/contracts.md).
-
-    ``num_ctas``: grid of the persistent configs, min(tiles, SMs) by default (tests pass more
-    CTAs than tiles); the other configs launch one CTA per tile and ignore it.
-    ``window_left`` / ``softcap`` / ``sinks`` ([Hq] fp32): the model features, given exactly
-    when ``key`` has the matching flag (docs/contracts.md).
-    """
-    check_features(key, window_left, softcap, sinks)
-    if config.wide_box:
-        check_slot_boxes(k_cache, config.box_n(key))
-    fn = get_kernel(key, config, lse is not None)
-    if num_ctas is None:
-        num_ctas = min(args.work_tiles.shape[0], _sm_count(q.device))
-    fn(
-        q,
-        k_cache,
-        v_cache,
-        out,
-        lse,
-        args.cu_seqlens_q,
-        args.seqused_k,
-        args.page_table,
-        args.work_tiles,
-        _tile_counters(q.device) if config.persistent else None,
-        sinks,
-        softmax_scale,
-        num_ctas,
-        0 if window_left is None else window_left,
-        1.0 if softcap is None else softcap,
-    )

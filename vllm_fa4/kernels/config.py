@@ -4,22 +4,23 @@ Nothing here imports cutlass, torch or touches a GPU, so the planner (and CPU te
 which tile a key uses without paying for the DSL import.
 
     KernelKey      what the model fixes (dtype, head dim, page size, GQA group)
-    KernelConfig   how the kernel is built (compile-time performance flags), one spelling each
+    KernelConfig   how the kernel is built: one typed field per axis (Tiles, BlockStep, QLoad,
+                   KvBox, PageRead, Epilogue, lazy_max, mma_wgs), spelled for the environment
     TileGeometry   tile sizes derived from a key, in one place (tile_geometry)
-    ServingConfigs the configs serving picks from per batch (serving_configs)
+
+What the kernel *can* be; which configs serving runs is paged_prefill/policy.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
+from enum import Enum
 
 SUPPORTED_DTYPES = ("bfloat16", "float16")
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SUPPORTED_PAGE_SIZES = (16, 32, 64, 128)
 SMEM_BYTES = 227 * 1024  # dynamic shared memory one SM90 CTA may use
-# KernelConfig flags that instrument the kernel for tests (tests/gpu); never served, and not
-# offered among the spellings a startup error lists.
-TEST_ONLY_FLAGS = ("count_visits",)
+KV_STAGES = 2  # K/V pipeline depth (3 measured no faster, docs/perf-notes.md)
 
 
 def dtype_name(dtype) -> str:
@@ -145,151 +146,174 @@ def tile_geometry(key: KernelKey, mma_wgs: int = 2) -> TileGeometry:
     return TileGeometry(tile_m, tile_n, tile_m // max(key.qhead_per_kvhead, 1))
 
 
+class Tiles(Enum):
+    """How a CTA gets its work tiles (tile_scheduler.py)."""
+
+    # One CTA per work tile (grid = tiles, tile = blockIdx.x).
+    ONE_PER_CTA = "one_per_cta"
+    # Persistent grid: min(tiles, SMs) CTAs take tiles in list (L2-section, LPT) order as they
+    # become free. The producer warp claims each from a global atomic counter and hands its
+    # index to the consumers through a shared-memory ring (TileQueue), and loads the next
+    # tile's K/V while the consumers finish the current one.
+    QUEUE = "queue"
+    # QUEUE whose slots carry the tile's TileWork too (the CTA's first tile included), so the
+    # consumers start a tile without global loads (TileQueue.publish_work).
+    QUEUE_WITH_WORK = "queue_with_work"
+
+
+class QLoad(Enum):
+    """How a tile's Q reaches shared memory."""
+
+    # Each consumer warpgroup copies its 64 rows at the tile's start.
+    CP_ASYNC = "q_cp_async"
+    # The producer warp, with TMA, into a two-stage ring at the start of the tile's loads (a
+    # whole tile ahead with a queue), on the tile's first K mbarrier; the consumers free the
+    # stage after their last Q K^T. One box of G heads x T tokens x 64 columns per 64 columns.
+    TMA = "q_tma"
+    # cp.async issued for the next tile (taken from the queue) as soon as this tile's last
+    # Q K^T has completed, so it lands under the last P V and the epilogue.
+    PREFETCH = "q_prefetch"
+
+
+class BlockStep(Enum):
+    """The consumer's step over one K/V block after the tile's first."""
+
+    # Q K^T, softmax, P V, one after the other, no turns: the debug baseline.
+    SERIAL = "serial"
+    # S_j = Q K_j^T and O += P_{j+1} V_{j+1} back to back in one ping-pong turn (barriers.py),
+    # the softmax of S_j under the P V; the softmax sits in both arms of the mask branch,
+    # which keeps ptxas from hoisting the P V wait above it (softmax_block).
+    OVERLAP = "overlap"
+    # OVERLAP with the P V wait after the first row's exponentials: P's packing and the V
+    # release run among the second row's, O's rescale moves to the next block's turn.
+    OVERLAP_PV_WAIT_MID = "pv_wait_mid"
+
+
+class KvBox(Enum):
+    """The shape of a K/V TMA box."""
+
+    # One box per page (or box_n rows of it) per 64 columns of D.
+    PER_CHUNK = "chunk_boxes"
+    # One box per page for all of D, over the cache's token slots (paged_kv.slot_view): a
+    # page-16 K or V tile is 8 boxes, not 16. Needs the cache's block stride to be a whole
+    # number of boxes of token strides (vLLM's is; launch.check_slot_boxes refuses others).
+    WIDE = "wide_box"
+
+
+class PageRead(Enum):
+    """When the producer reads a K/V block's page-table entries."""
+
+    # Each box's entry after the stage's acquire.
+    AFTER_ACQUIRE = "pages_at_acquire"
+    # A block ahead, lane b holding box b's page (one coalesced load per block, shared by K
+    # and V), so no load sits between a stage's release and its refill (read_block_pages).
+    BLOCK_AHEAD = "pages_ahead"
+
+
+class Epilogue(Enum):
+    """How O reaches global memory."""
+
+    # Each thread stores its accumulator pairs.
+    DIRECT = "direct_epilogue"
+    # Through the warpgroup's slice of sQ, then 16-byte row stores.
+    STAGED = "staged_epilogue"
+
+
+AXES = (Tiles, BlockStep, QLoad, KvBox, PageRead, Epilogue)
+_BY_SPELLING = {member.value: member for axis in AXES for member in axis}
+
+
 @dataclass(frozen=True)
 class KernelConfig:
-    """Compile-time performance flags (all part of the compile and disk-cache key).
+    """How the kernel is built (every field is part of the compile and disk-cache key).
 
-    Spelled as a string for the environment and test ids: the field names joined by ``+``,
-    numbers as ``field=value``, e.g. ``"overlap+pingpong+kv_stages=3"``; ``"base"`` is the
-    default (no flag).
+    Spelled for the environment and test ids as its values joined by ``+``: the tiles and the
+    block step always, then the other fields where they differ from the default, e.g.
+    ``queue+overlap`` (the default) or ``queue_with_work+pv_wait_mid+q_tma+lazy_max+mma_wgs=3``.
+    ``parse`` takes the values in any order; a field left out keeps its default.
     """
 
-    # Intra-WG overlap: S_j = Q K_j^T and O += P_{j+1} V_{j+1} issued back to back.
-    overlap: bool = False
-    # Inter-WG ping-pong: the two consumer WGs take turns issuing GEMMs (barriers.py).
-    pingpong: bool = False
-    # Epilogue: O staged through the WG's slice of sQ, then 16-byte row stores.
-    smem_epilogue: bool = False
-    # The producer warp reads each block's page-table entries one block ahead (lane b: box
-    # b's page, one coalesced load per block; K and V of a block share it), so no load sits
-    # between a stage's release and its refill (paged_kv.read_block_pages, session 11).
-    page_prefetch: bool = False
-    # Persistent grid: min(tiles, SMs) CTAs claim tiles from a global atomic counter in list
-    # (L2-section, LPT) order as they become free (tile_scheduler.TileQueue); the producer
-    # loads the next tile's K/V while the consumers finish the current one.
-    persistent: bool = False
-    # With persistent: a warpgroup takes its next tile from the queue as soon as its last
-    # Q K^T of the tile has completed and starts that tile's Q copies, which then land under
-    # the last P V and the epilogue instead of stalling the next tile's start.
-    q_prefetch: bool = False
-    # The producer warp loads Q with TMA into a two-stage ring, at the start of the tile's
-    # loads (a whole tile ahead of the consumers with `persistent`), on the mbarrier of the
-    # tile's first K block; the consumers free the stage after their last Q K^T. One 3-D box
-    # per 64 columns of D (64 x G heads x tokens) lands as the packed (token, head) rows.
-    q_tma: bool = False
-    # The first (diagonal) block's Q K^T runs over only the key columns some row of the
-    # tile sees, rounded up to 32 (a 64 x {32, 64, 96, 128} wgmma picked at run time): with
-    # 32 tokens per tile, 48 of its 128 columns on average are past every row's diagonal.
-    narrow_diag: bool = False
-    # With persistent + q_tma: the producer publishes each tile (the CTA's first too) with
-    # its TileWork in the tile queue's shared-memory slot, so the consumers start a tile
-    # without global loads (tile_scheduler.TileQueue.publish_work).
-    queue_work: bool = False
-    # With queue_work: the producer warpgroup's second warp issues the V loads (it takes each
-    # tile from the queue like the consumers), the first keeps Q, K and the queue. A K or V
-    # tile at page 16 is 16 TMA boxes of ~10 uniform instructions each; on one warp all of
+    tiles: Tiles = Tiles.QUEUE
+    block_step: BlockStep = BlockStep.OVERLAP
+    q_load: QLoad = QLoad.CP_ASYNC
+    # With QUEUE_WITH_WORK: the producer warpgroup's second warp issues the V loads (it takes
+    # each tile from the queue like the consumers), the first keeps Q, K and the queue. A K or
+    # V tile at page 16 is 16 TMA boxes of ~10 uniform instructions each; on one warp all of
     # them land on one SMSP, in the issue slots of a consumer warp of each warpgroup.
     v_warp: bool = False
-    # A K/V TMA box spans the whole head dim (every 64-column chunk) instead of one chunk:
-    # the pool is described to TMA as 5-D (64 columns, 8 rows, chunk, 8-row group of the
-    # cache's token slots, head) and sK/sV hold each 8-row group's chunks side by side, so
-    # a page-16 K or V tile is 8 boxes, not 16 (paged_kv.py). Needs the cache's block
-    # stride to be a whole number of boxes of token strides (vLLM's is page_size of them;
-    # compile.check_slot_boxes refuses other layouts at launch).
-    wide_box: bool = False
-    # With overlap: the softmax sits in both arms of the causal-mask branch, which keeps
-    # ptxas from hoisting the P V wgmma wait above it (fwd_sm90.softmax_block).
-    softmax_per_arm: bool = False
-    # With softmax_per_arm: the P V wait sits after the first row's exponentials (every
-    # row's max before them), not after all of them, so the bf16 packing of P and the
-    # V release run among the other row's exp2s instead of after the last one.
-    pv_wait_mid: bool = False
-    # K/V TMA loads carry an L2 evict-last hint (FA3 does the same): every M tile of a
-    # (request, KV head) pair re-reads the pair's K/V, while Q and O pass through once.
-    kv_evict_last: bool = False
-    # With pingpong: inside the block loops only the first consumer warpgroup polls the K/V
-    # "full" mbarriers; the second is ordered behind it by the turn barrier (FA3's scheme).
-    single_poller: bool = False
+    kv_box: KvBox = KvBox.PER_CHUNK
+    page_read: PageRead = PageRead.AFTER_ACQUIRE
+    epilogue: Epilogue = Epilogue.DIRECT
     # Conditional rescaling: O is rescaled only by warps where some row's max moved (a warp
     # vote), not on every block. The max moves whenever a block raises it (margin 0: FA3's
     # numerics; FA4's 2^8 margin widened the error tail, softmax.LAZY_MAX_MARGIN_LOG2).
     lazy_max: bool = False
-    # Test-only instrumentation: a consumer thread adds 1 to its tile's cost column of
-    # work_tiles after the tile's epilogue, so a test can check each tile ran exactly once.
-    count_visits: bool = False
-    kv_stages: int = 2  # K/V pipeline depth; 3 fits shared memory for head dims <= 128
-    max_box_n: int = 128  # cap on rows per K/V TMA box (pages > cap are split into boxes)
     # Consumer warpgroups, 64 Q rows each (the M tile is 64 * mma_wgs rows). 3 only at head
     # dim 64: there a block's GEMMs take as long as its exponentials, so two warpgroups
     # cannot hide one's softmax under the other's GEMMs; a third keeps the tensor pipe fed.
     mma_wgs: int = 2
+    # Test-only instrumentation, never spelled (so no environment can select it): a consumer
+    # thread adds 1 to its tile's cost column of work_tiles after the tile's epilogue, so a
+    # test can check each tile ran exactly once (tests/gpu/test_tile_scheduler.py).
+    count_visits: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> KernelConfig:
-        """``"base"`` or flags joined by ``+``; raises ValueError naming the valid spellings."""
-        flags: dict = {}
-        by_name = {f.name: f for f in fields(cls)}
+        """Values joined by ``+`` (see the class doc); raises ValueError naming the valid
+        spellings."""
+        values: dict = {}
         for token in spec.split("+"):
             token = token.strip()
-            if token in ("", "base"):
+            if not token:
                 continue
-            name, _, value = token.partition("=")
-            field = by_name.get(name)
-            if field is None or (field.type == "bool") == bool(value):
+            name, eq, number = token.partition("=")
+            if name == "mma_wgs" and eq:
+                field, value = name, _int_value(name, number, token)
+            elif token in ("v_warp", "lazy_max"):
+                field, value = token, True
+            elif token in _BY_SPELLING:
+                value = _BY_SPELLING[token]
+                field = _FIELD_OF[type(value)]
+            else:
                 raise ValueError(
-                    f"vllm_fa4: unknown kernel config flag {token!r} in {spec!r}; valid: "
+                    f"vllm_fa4: unknown kernel config value {token!r} in {spec!r}; valid: "
                     f"{cls.spellings()}"
                 )
-            try:
-                flags[name] = int(value) if value else True
-            except ValueError:
-                raise ValueError(f"vllm_fa4: {name} takes an integer, got {token!r}") from None
-        return cls(**flags)
+            if field in values:
+                raise ValueError(f"vllm_fa4: {spec!r} sets {field} twice")
+            values[field] = value
+        return cls(**values)
 
     @classmethod
     def spellings(cls) -> str:
-        """The spellings a user may set (test-only instrumentation flags left out)."""
-        return "base, " + ", ".join(
-            f.name if f.type == "bool" else f"{f.name}=N"
-            for f in fields(cls)
-            if f.name not in TEST_ONLY_FLAGS
-        )
-
-    @property
-    def test_only_flags(self) -> tuple[str, ...]:
-        """The test-only instrumentation flags this config sets (serving refuses them)."""
-        return tuple(name for name in TEST_ONLY_FLAGS if getattr(self, name))
+        values = [member.value for axis in AXES for member in axis]
+        return ", ".join([*values, "v_warp", "lazy_max", "mma_wgs=N"])
 
     @property
     def spec(self) -> str:
+        """The spelling ``parse`` reads back (count_visits, test-only, is never spelled)."""
         default = KernelConfig()
-        parts = []
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value != getattr(default, f.name):
-                parts.append(f.name if f.type == "bool" else f"{f.name}={value}")
-        return "+".join(parts) or "base"
+        parts = [self.tiles.value, self.block_step.value]
+        for name in ("q_load", "v_warp", "kv_box", "page_read", "epilogue", "lazy_max"):
+            value = getattr(self, name)
+            if value != getattr(default, name):
+                parts.append(name if value is True else value.value)
+        if self.mma_wgs != default.mma_wgs:
+            parts.append(f"mma_wgs={self.mma_wgs}")
+        return "+".join(parts)
 
     def unsupported_reason(self, key: KernelKey) -> str | None:
         """Why this config cannot build ``key``'s kernel, or None."""
-        if self.q_prefetch and not self.persistent:
-            return "flag 'q_prefetch' needs 'persistent'"
-        if self.q_prefetch and self.smem_epilogue:
-            return "flags 'q_prefetch' and 'smem_epilogue' exclude each other (both use sQ)"
-        if self.q_tma and self.q_prefetch:
-            return "flags 'q_tma' and 'q_prefetch' exclude each other (both load Q)"
-        if self.queue_work and not (self.persistent and self.q_tma):
-            return "flag 'queue_work' needs 'persistent' and 'q_tma'"
-        if self.v_warp and not self.queue_work:
-            return "flag 'v_warp' needs 'queue_work'"
-        if self.narrow_diag and tile_geometry(key, self.mma_wgs).tile_n != 128:
-            return "flag 'narrow_diag' needs 128-key blocks (head dims up to 128)"
-        if self.softmax_per_arm and not self.overlap:
-            return "flag 'softmax_per_arm' needs 'overlap'"
-        if self.pv_wait_mid and not self.softmax_per_arm:
-            return "flag 'pv_wait_mid' needs 'softmax_per_arm'"
-        if self.single_poller and not self.pingpong:
-            return "flag 'single_poller' needs 'pingpong'"
+        if self.tiles is Tiles.QUEUE_WITH_WORK and self.q_load is not QLoad.TMA:
+            # its consumers take Q's stage from the tile's place in the queue (walk_queue_work)
+            return "'queue_with_work' needs 'q_tma'"
+        if self.v_warp and self.tiles is not Tiles.QUEUE_WITH_WORK:
+            return "'v_warp' needs 'queue_with_work' (the V warp takes tiles from the queue)"
+        if self.q_load is QLoad.PREFETCH:
+            if self.tiles is Tiles.ONE_PER_CTA:
+                return "'q_prefetch' needs a queue (it takes the next tile mid-tile)"
+            if self.epilogue is Epilogue.STAGED:
+                return "'q_prefetch' and 'staged_epilogue' exclude each other (both use sQ)"
         if self.mma_wgs not in (2, 3):
             return f"mma_wgs={self.mma_wgs} (supported: 2, 3)"
         if self.mma_wgs == 3 and key.head_dim != 64:
@@ -297,202 +321,80 @@ class KernelConfig:
             # block loop spills (128-key blocks) or runs 3-17 % slower (64-key blocks,
             # measured 2026-11-24, docs/perf-notes.md).
             return f"mma_wgs=3 at head dim {key.head_dim} (supported at head dim 64 only)"
-        if self.kv_stages not in (2, 3):
-            return f"kv_stages={self.kv_stages} (supported: 2, 3)"
-        if self.max_box_n not in (16, 32, 64, 128):
-            return f"max_box_n={self.max_box_n} (supported: 16, 32, 64, 128)"
         geo = tile_geometry(key, self.mma_wgs)
-        # smem: Q tile_m*D per Q stage + (K+V) per stage 2*tile_n*D elements (16-bit); 2 K/V
-        # stages fit every head dim, 3 fit head dims <= 128 (224 KB at 128).
+        # smem: Q tile_m*D per Q stage + (K+V) per stage 2*tile_n*D elements (16-bit)
         q_stages = self.q_stages
-        smem = 2 * key.head_dim * (q_stages * geo.tile_m + 2 * geo.tile_n * self.kv_stages)
+        smem = 2 * key.head_dim * (q_stages * geo.tile_m + 2 * geo.tile_n * KV_STAGES)
         if smem > SMEM_BYTES - 1024:  # keep 1 KB for the mbarriers and alignment
-            what = f"{self.kv_stages} K/V stages" + (
-                f" and {q_stages} Q stages" if q_stages > 1 else ""
-            )
+            what = f"{KV_STAGES} K/V stages" + (f" and {q_stages} Q stages" if q_stages > 1 else "")
             return (
                 f"{what} need {smem // 1024} KB of shared memory at head "
                 f"dim {key.head_dim} (limit {SMEM_BYTES // 1024} KB)"
             )
         return None
 
+    # ---- what follows from the fields (read by the kernel and the launch) ----
+    @property
+    def persistent(self) -> bool:
+        """A persistent grid (min(tiles, SMs) CTAs, a tile counter per launch)."""
+        return self.tiles is not Tiles.ONE_PER_CTA
+
+    @property
+    def turns(self) -> int:
+        """Consumer warpgroups taking turns at the tensor pipe (barriers.py): every one with
+        an overlapped step (ping-pong), none with the serial one."""
+        return 0 if self.block_step is BlockStep.SERIAL else self.mma_wgs
+
     @property
     def q_stages(self) -> int:
         """Q buffers in shared memory: 2 with `q_tma` (the ring), else 1."""
-        return 2 if self.q_tma else 1
+        return 2 if self.q_load is QLoad.TMA else 1
 
     def box_n(self, key: KernelKey) -> int:
         """Rows per K/V TMA box: one page, or a tile-sized slice of a larger page."""
-        return min(key.page_size, tile_geometry(key).tile_n, self.max_box_n)
+        return min(key.page_size, tile_geometry(key).tile_n)
 
-    # page_prefetch keeps two blocks' pages and the next read live across the acquires: at
-    # 24 registers the producer's block loop spills (2 per block at page 16), so it takes 16
-    # from the consumers (PERSISTENT_OVERLAP_QWORK uses 210 of their 232).
-    # With 3 consumer warpgroups the 64 K registers split 32 / 160 (40 / 152 with page_prefetch):
-    # 128 * producer + 384 * consumer <= 65536.
+    # Reading pages a block ahead keeps two blocks' pages and the next read live across the
+    # acquires: at 24 registers the producer's block loop spills (2 per block at page 16), so
+    # it takes 16 from the consumers (the head-dim-128 picks use 210 of their 232).
+    # With 3 consumer warpgroups the 64 K registers split 32 / 160 (40 / 152 reading pages a
+    # block ahead): 128 * producer + 384 * consumer <= 65536.
     @property
     def producer_regs(self) -> int:
+        ahead = self.page_read is PageRead.BLOCK_AHEAD
         if self.mma_wgs == 3:
-            return 40 if self.page_prefetch else 32
-        return 40 if self.page_prefetch else 24
+            return 40 if ahead else 32
+        return 40 if ahead else 24
 
     @property
     def mma_regs(self) -> int:
+        ahead = self.page_read is PageRead.BLOCK_AHEAD
         if self.mma_wgs == 3:
-            return 152 if self.page_prefetch else 160
-        return 232 if self.page_prefetch else 240
+            return 152 if ahead else 160
+        return 232 if ahead else 240
 
     @property
     def num_threads(self) -> int:
         return 128 * (self.mma_wgs + 1)
 
 
-DEFAULT_CONFIG = KernelConfig()  # "base": no flag
-# The measured serving defaults (docs/perf-notes.md, H100 and H200, one process each).
-# Overlap + ping-pong on the persistent grid: every batch below page 128 (H200 page 16:
-# 0.99-1.04 of FA3; base 0.86-1.02) and short batches at page 128, where paying the CTA
-# start-up once per SM lifts 512x32 from 0.85 to 0.99.
-PERSISTENT_OVERLAP = KernelConfig(
-    overlap=True, pingpong=True, persistent=True, softmax_per_arm=True
-)
-# Long batches at page 128 (head dims other than 128): the one-CTA-per-tile grid is 0-3 %
-# ahead on 16k and chunks after 64k. softmax_per_arm keeps ptxas from serializing the
-# softmax behind the P V GEMM.
-OVERLAP_PINGPONG = KernelConfig(overlap=True, pingpong=True, softmax_per_arm=True)
-# PERSISTENT_OVERLAP whose warpgroups start the next tile's Q copies after their last Q K^T.
-# Measured at head dim 128 (H100 and H200, 2026-11-23): short batches +1-7 % at both page
-# sizes (512x32: 1.04-1.06 of FA3), long batches at page 128 +1-5 % over OVERLAP_PINGPONG,
-# long batches at page 16 0.5-1 % behind PERSISTENT_OVERLAP.
-PERSISTENT_OVERLAP_QPF = KernelConfig(
-    overlap=True, pingpong=True, persistent=True, q_prefetch=True, softmax_per_arm=True
-)
-# Head dim 64: PERSISTENT_OVERLAP_QPF on three consumer warpgroups (192-row tiles), every
-# batch and page size. Measured 2026-11-24 (H100 and H200): Llama-3.2-1B shape 1.00-1.17 of
-# FA3 on 16 cases at pages 16 and 128 (two warpgroups: 0.87-1.00), gpt-oss shape 0.93-1.10.
-PERSISTENT_OVERLAP_QPF_3WG = replace(PERSISTENT_OVERLAP_QPF, mma_wgs=3)
-# PERSISTENT_OVERLAP whose Q the producer loads with TMA a tile ahead (session 9, H100 and
-# H200): head dims 128 and 64 (three warpgroups) without a window, every batch and page size.
-PERSISTENT_OVERLAP_QTMA = replace(PERSISTENT_OVERLAP, q_tma=True)
-PERSISTENT_OVERLAP_QTMA_3WG = replace(PERSISTENT_OVERLAP_QTMA, mma_wgs=3)
-# PERSISTENT_OVERLAP_QTMA whose producer hands each tile over with its TileWork (session 10,
-# H100 and H200): the serving default wherever PERSISTENT_OVERLAP_QTMA was.
-PERSISTENT_OVERLAP_QWORK = replace(PERSISTENT_OVERLAP_QTMA, queue_work=True)
-PERSISTENT_OVERLAP_QWORK_3WG = replace(PERSISTENT_OVERLAP_QWORK, mma_wgs=3)
-# ... with O staged through the tile's own Q stage and written in 16-byte rows: short batches
-# at head dim 128 (session 10: 512x32-1kx16 +4-10 %, 2kx8 0 to +2.4 %; long batches -0.1 to -6 %).
-PERSISTENT_OVERLAP_QWORK_STAGED = replace(PERSISTENT_OVERLAP_QWORK, smem_epilogue=True)
-# ... with the V loads on the producer warpgroup's second warp (session 12, H100 and H200):
-# long batches at head dim 128, below page 128 with the page table read a block ahead
-# (page 16, 4k+ tokens: +0.5-0.9 % over PERSISTENT_OVERLAP_QWORK), at page 128 without it
-# (there each warp reads its block's one entry after the acquire; -0.1 to +0.7 % over
-# session 11's page_prefetch pick, which v_warp + page_prefetch did not beat).
-PERSISTENT_OVERLAP_QWORK_V_WARP = replace(PERSISTENT_OVERLAP_QWORK, v_warp=True)
-PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD = replace(
-    PERSISTENT_OVERLAP_QWORK_V_WARP, page_prefetch=True
-)
-# ... with one TMA box per page for all of D (session 13, H100 and H200): long batches at
-# head dim 128 below page 128 (page 16, 4k+ tokens: +0.8-1.1 %). At page 128 (2 boxes per
-# block instead of 4) it measured -0.6 to +0.7 %, and the staged epilogue of short batches
-# lost 0-2 % with it: both keep the per-chunk boxes.
-PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD_WIDE = replace(
-    PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD, wide_box=True
-)
+_FIELD_OF = {
+    Tiles: "tiles",
+    BlockStep: "block_step",
+    QLoad: "q_load",
+    KvBox: "kv_box",
+    PageRead: "page_read",
+    Epilogue: "epilogue",
+}
 
 
-# Every head-dim-128 pick above (long and short, no window) with the P V wait after the first
-# row's exponentials and O's rescale in the next block's turn (session 14, H100, 8 rounds:
-# page-16 4k+ 1.051 -> 1.111 of FA3, page-128 long 1.005 -> 1.043, short 1.110 -> 1.139;
-# 70B at TP 8 likewise). Head dim 64's three warpgroups: short batches only (two H100 runs:
-# short +1.5 % and +1.9 %, long page-128 batches -1.3 % and -1.6 %).
-def with_pv_wait_mid(config: KernelConfig) -> KernelConfig:
-    return replace(config, pv_wait_mid=True)
+def _int_value(name: str, text: str, token: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"vllm_fa4: {name} takes an integer, got {token!r}") from None
 
 
-LONG_BATCH_MIN_PAGE = 128  # pages this large run a different config for long batches
-SHORT_BATCH_MAX_BLOCKS = 16  # mean KV tiles visited per work tile (2k tokens at tile_n 128)
-QPF_HEAD_DIMS = (128,)  # where q_prefetch and q_tma were measured; others keep the old picks
-THREE_WG_HEAD_DIMS = (64,)  # PERSISTENT_OVERLAP_QPF_3WG for every batch
-
-
-def with_lazy_max(config: KernelConfig, key: KernelKey) -> KernelConfig:
-    """``config`` with `lazy_max` where it was measured to win (session 7, H100 and H200):
-    every key without a sliding window. With gpt-oss's 128-key window a row visits about two
-    blocks and its max moves on most of them, so there is nothing to skip (0 to -1.8 %)."""
-    return replace(config, lazy_max=not key.sliding_window)
-
-
-@dataclass(frozen=True)
-class ServingConfigs:
-    """The configs serving may launch for one key, picked per batch on the host (the plan):
-    batches whose work tiles visit on average at most ``short_max_blocks`` K/V tiles run
-    ``short``, the others ``long``. Warmup compiles every one of ``all``."""
-
-    long: KernelConfig
-    short: KernelConfig
-    short_max_blocks: int = SHORT_BATCH_MAX_BLOCKS
-
-    def __post_init__(self):
-        # The plan tiles the batch before it picks, so both must tile the same way.
-        if self.long.mma_wgs != self.short.mma_wgs:
-            raise ValueError(
-                f"serving configs {self.long.spec!r} and {self.short.spec!r} differ in "
-                "mma_wgs (the M tile): one plan cannot serve both"
-            )
-
-    def geometry(self, key: KernelKey) -> TileGeometry:
-        """The tile geometry every config here runs ``key`` with."""
-        return tile_geometry(key, self.long.mma_wgs)
-
-    def pick(self, num_tiles: int, total_work: int) -> KernelConfig:
-        """The config of a batch of ``num_tiles`` tiles visiting ``total_work`` K/V tiles."""
-        if num_tiles and total_work <= self.short_max_blocks * num_tiles:
-            return self.short
-        return self.long
-
-    @property
-    def all(self) -> tuple[KernelConfig, ...]:
-        return (self.long,) if self.short == self.long else (self.long, self.short)
-
-
-def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> ServingConfigs:
-    """What serving runs for ``key``: ``fixed`` (VLLM_FA4_VARIANT) for every batch, else
-    the measured per-head-dim and per-page-size defaults (docs/perf-notes.md, sessions 3-14):
-
-    head dim 64    three consumer warpgroups, every batch: PERSISTENT_OVERLAP_QWORK_3WG +
-                   lazy_max, short batches with pv_wait_mid (sliding window:
-                   PERSISTENT_OVERLAP_QPF_3WG)
-    head dim 128   long batches PERSISTENT_OVERLAP_QWORK + lazy_max with the V loads on a
-                   second producer warp, below page 128 with the page table read a block
-                   ahead and whole-row K/V boxes (PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD_WIDE),
-                   at 128 and more without both (PERSISTENT_OVERLAP_QWORK_V_WARP); short
-                   batches with the staged epilogue (PERSISTENT_OVERLAP_QWORK_STAGED), every
-                   page size; both with pv_wait_mid (sliding window: the session-4 picks)
-    head dim 256   page 128: long OVERLAP_PINGPONG, short PERSISTENT_OVERLAP (session 3);
-                   smaller pages: long PERSISTENT_OVERLAP + lazy_max, short without lazy_max
-                   (512x32 lost 1.5-2.6 % with it)
-    """
-    if fixed is not None:
-        return ServingConfigs(long=fixed, short=fixed)
-    if key.head_dim in THREE_WG_HEAD_DIMS:
-        # q_tma not measured with a window (gpt-oss's windowed layers keep q_prefetch)
-        if key.sliding_window:
-            three = with_lazy_max(PERSISTENT_OVERLAP_QPF_3WG, key)
-            return ServingConfigs(long=three, short=three)
-        three = with_lazy_max(PERSISTENT_OVERLAP_QWORK_3WG, key)
-        return ServingConfigs(long=three, short=with_pv_wait_mid(three))
-    long_page = key.page_size >= LONG_BATCH_MIN_PAGE
-    if key.head_dim in QPF_HEAD_DIMS:
-        if key.sliding_window:  # the session-4 picks (lazy_max, q_tma not measured there)
-            long = PERSISTENT_OVERLAP_QPF if long_page else PERSISTENT_OVERLAP
-            return ServingConfigs(long=long, short=PERSISTENT_OVERLAP_QPF)
-        long = (
-            PERSISTENT_OVERLAP_QWORK_V_WARP
-            if long_page
-            else PERSISTENT_OVERLAP_QWORK_V_WARP_PAGES_AHEAD_WIDE
-        )
-        long = with_pv_wait_mid(with_lazy_max(long, key))
-        short = with_pv_wait_mid(with_lazy_max(PERSISTENT_OVERLAP_QWORK_STAGED, key))
-        return ServingConfigs(long=long, short=short)
-    if long_page:
-        return ServingConfigs(long=OVERLAP_PINGPONG, short=PERSISTENT_OVERLAP)
-    return ServingConfigs(long=with_lazy_max(PERSISTENT_OVERLAP, key), short=PERSISTENT_OVERLAP)
+DEFAULT_CONFIG = KernelConfig()  # queue+overlap
+# The debug baseline: one tile per CTA, the serial block step, nothing overlapped.
+DEBUG_BASELINE = KernelConfig(tiles=Tiles.ONE_PER_CTA, block_step=BlockStep.SERIAL)

@@ -1,49 +1,26 @@
 """SM90 (Hopper) paged, varlen, causal GQA prefill forward kernel in CuTe-DSL.
 
-One CTA per work tile (batch, kv_head, m_block), or with `persistent` min(tiles, SMs) CTAs
-that claim tiles of the ordered list as they become free. 1 + `mma_wgs` warpgroups:
-  WG0  producer: warp 0 issues per-page K/V TMA boxes into a `kv_stages`-deep ring
+One CTA per work tile (batch, kv_head, m_block), or on a persistent grid min(tiles, SMs)
+CTAs that take tiles of the ordered list as they become free. 1 + `mma_wgs` warpgroups:
+  WG0  producer: warp 0 issues per-page K/V TMA boxes into a two-stage ring
        (one PipelineTmaAsync for K, one for V), registers lowered to `producer_regs`.
-  WG1 .. consumers (2, or 3 at head dim 64): 64 packed (token, q-head) rows each; load
-       their Q rows with cp.async (with `q_tma` the producer loads Q by TMA), then per KV
-       block (last block first): S = Q K^T (SS wgmma), causal mask on the diagonal blocks,
-       online softmax (exp2), O += P V (RS wgmma, P from registers). Epilogue: normalize,
-       predicated direct stores of O and LSE.
+  WG1 .. consumers (2, or 3 at head dim 64): 64 packed (token, q-head) rows each; Q rows
+       loaded by cp.async (or by the producer's TMA), then per KV block (last block first):
+       S = Q K^T (SS wgmma), causal mask on the diagonal blocks, online softmax (exp2),
+       O += P V (RS wgmma, P from registers). Epilogue: normalize, store O and LSE.
 
-Compile-time variants (KernelConfig):
-  overlap           S_j = Q K_j^T and O += P_{j+1} V_{j+1} are issued back to back and the
-                    softmax of S_j runs while the P V GEMM is in flight.
-  pingpong          the consumer warpgroups take turns issuing GEMMs (barriers.py), so
-                    one warpgroup's softmax runs under the others' GEMMs. Without
-                    intra_wg_overlap a turn is {P_{j+1} V_{j+1}, S_j}.
-  smem_epilogue     O staged through the warpgroup's slice of sQ, 16-byte row stores.
-  persistent        producer and consumers loop over tiles with pipeline states carried
-                    across them: the next tile's K/V loads overlap this tile's last blocks
-                    and epilogue, and the CTA start-up cost is paid once per SM. Tiles are
-                    claimed in list order from a global atomic counter
-                    (tile_scheduler.TileQueue).
-  softmax_per_arm   (with overlap) the softmax sits in both arms of the mask branch, which
-                    keeps ptxas from hoisting the P V wait above it (softmax_block).
-  pv_wait_mid       (with softmax_per_arm) the P V wait after the first row's
-                    exponentials; the second row's and P's packing follow it in one basic
-                    block, O's rescale moves to the next block's turn (overlap_step).
-  kv_evict_last     K/V TMA loads carry an L2 evict-last cache hint.
-  single_poller     (with pingpong) only the first consumer warpgroup polls the K/V stage
-                    mbarriers inside the block loops; the turn order covers the second.
-  q_prefetch        (with persistent) the consumers issue the next tile's Q copies after
-                    their last Q K^T.
-  q_tma             the producer loads Q with TMA into a two-stage ring, on the tile's first
-                    K mbarrier; the consumers free a stage with one arrive per warp. The
-                    consumer's tile body exists once per Q stage (constant addresses).
-  queue_work        (with persistent and q_tma) the producer publishes each tile with its
-                    TileWork in the tile queue's slot: consumers read no global memory to
-                    start a tile (walk_queue_work).
-  narrow_diag       the first (diagonal) block's Q K^T on a 64 x {32, 64, 96, 128} wgmma:
-                    only the key columns some row of the tile sees (narrow_first_qk).
-  v_warp            (with queue_work) the producer warpgroup's second warp issues the V
-                    loads (walk_v_loads); the first keeps Q, K and the queue.
-  wide_box          one K/V TMA box per page (or box_n rows) for all of D, over the cache's
-                    token slots (paged_kv.slot_view); sK/sV in kv_smem_order.
+The config's axes (kernels/config.py describes each value) and where they live here:
+  tiles       tile_walk picks walk_one_tile (ONE_PER_CTA), walk_queue (QUEUE:
+              TileQueue.claim/publish/receive) or walk_queue_work (QUEUE_WITH_WORK);
+              walk_v_loads (v_warp)
+  q_load      load_q / issue_q (CP_ASYNC), prefetch_next_q (PREFETCH), issue_q_boxes and
+              free_q_stage (TMA: the consumer's tile body exists once per Q stage)
+  block_step  consume's serial loop (SERIAL) or overlap_step (OVERLAP, OVERLAP_PV_WAIT_MID);
+              ping-pong turns (barriers.py) with every overlapped step
+  kv_box      make_kv_tma, _kv_source (WIDE: paged_kv.slot_view, kv_smem_order)
+  page_read   _block_pages (BLOCK_AHEAD: paged_kv.read_block_pages)
+  epilogue    epilogue.write_output (STAGED: through the warpgroup's slice of sQ)
+  lazy_max    rescale_o and the softmax steps
 """
 
 from dataclasses import dataclass
@@ -60,12 +37,22 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
 
 from vllm_fa4.kernels.barriers import turn_pass, turn_wait, turns_begin, wg_sync
-from vllm_fa4.kernels.config import KernelConfig, KernelKey, tile_geometry
+from vllm_fa4.kernels.config import (
+    KV_STAGES,
+    BlockStep,
+    Epilogue,
+    KernelConfig,
+    KernelKey,
+    KvBox,
+    PageRead,
+    QLoad,
+    Tiles,
+    tile_geometry,
+)
 from vllm_fa4.kernels.epilogue import write_output
 from vllm_fa4.kernels.mask import apply_causal_mask
 from vllm_fa4.kernels.paged_kv import (
     D_CHUNK,
-    L2_EVICT_LAST,
     issue_paged_tile,
     kv_smem_order,
     load_paged_tile,
@@ -91,6 +78,7 @@ from vllm_fa4.kernels.softmax import (
 from vllm_fa4.kernels.tile_scheduler import (
     TILE_QUEUE_STAGES,
     TileQueue,
+    WorkList,
     queue_work_words,
     tile_work,
 )
@@ -140,14 +128,59 @@ class KvPool:
 @dataclass
 class KvSource:
     """Where one of K and V comes from and goes to: its pipeline, TMA atom and partitioned
-    views (partition_pool_tiles, or with `wide_box` partition_slot_boxes), cache policy."""
+    views (partition_pool_tiles, or with `wide_box` partition_slot_boxes)."""
 
     pipe: pipeline.PipelineTmaAsync
     atom: cute.CopyAtom
     smem: cute.Tensor
     gmem: cute.Tensor
-    policy: Optional[cutlass.Int64]  # L2 hint (`kv_evict_last`) or None
     boxes_per_block: Optional[Int32]  # `wide_box`: slot boxes per cache block, else None
+
+
+class ProducerArgs(NamedTuple):
+    """What the K/V producer warp's produce takes besides the tile and its pipeline state."""
+
+    mPageTable: cute.Tensor
+    mK_tma: cute.Tensor
+    mV_tma: cute.Tensor
+    tma_atom_K: cute.CopyAtom
+    tma_atom_V: cute.CopyAtom
+    sK: cute.Tensor
+    sV: cute.Tensor
+    pool: KvPool
+    pipe_k: pipeline.PipelineTmaAsync
+    pipe_v: pipeline.PipelineTmaAsync
+
+
+class VLoadArgs(NamedTuple):
+    """What the V warp's produce_v takes besides the tile and its pipeline state (`v_warp`)."""
+
+    mPageTable: cute.Tensor
+    mV_tma: cute.Tensor
+    tma_atom_V: cute.CopyAtom
+    sV: cute.Tensor
+    pool: KvPool
+    pipe_v: pipeline.PipelineTmaAsync
+
+
+class ConsumerArgs(NamedTuple):
+    """What a consumer warpgroup's consume takes besides the tile and its pipeline state."""
+
+    mQ: cute.Tensor
+    mO: cute.Tensor
+    mLSE: Optional[cute.Tensor]
+    sQ: cute.Tensor
+    sK: cute.Tensor
+    sV: cute.Tensor
+    tiled_mma_qk: cute.TiledMma
+    tiled_mma_pv: cute.TiledMma
+    pipe_k: pipeline.PipelineTmaAsync
+    pipe_v: pipeline.PipelineTmaAsync
+    mSinks: Optional[cute.Tensor]  # key.sinks only
+    window_left: Optional[Int32]  # key.sliding_window only
+    softcap_prescale: Optional[Float32]  # key.softcap only
+    scale_log2: Float32
+    tidx: Int32  # the thread's index among the consumer threads
 
 
 class SoftmaxArgs(NamedTuple):
@@ -195,11 +228,20 @@ class Sm90PagedPrefill:
         self.page_size = key.page_size
         # (tile_n, box_n, page_size): the trailing arguments of the paged_kv helpers
         self.paged_tile_geometry = (self.tile_n, self.box_n, self.page_size)
-        self.stages = cfg.kv_stages
+        self.stages = KV_STAGES
         self.num_mma_threads = 128 * cfg.mma_wgs
-        self.turns = cfg.mma_wgs if cfg.pingpong else 0  # warpgroups taking turns (barriers.py)
+        self.turns = cfg.turns  # warpgroups taking turns (barriers.py): ping-pong
+        # What the config's axes mean for this kernel, decided once.
+        self.q_tma = cfg.q_load is QLoad.TMA
+        self.q_prefetch = cfg.q_load is QLoad.PREFETCH
+        self.queue_work = cfg.tiles is Tiles.QUEUE_WITH_WORK
+        self.overlap = cfg.block_step is not BlockStep.SERIAL
+        self.pv_wait_mid = cfg.block_step is BlockStep.OVERLAP_PV_WAIT_MID
+        self.wide_box = cfg.kv_box is KvBox.WIDE
+        self.pages_ahead = cfg.page_read is PageRead.BLOCK_AHEAD
+        self.staged_epilogue = cfg.epilogue is Epilogue.STAGED
         # `queue_work`: the TileWork fields a tile-queue slot carries after the tile index
-        self.queue_work_words = queue_work_words(cfg.queue_work, key.sliding_window)
+        self.queue_work_words = queue_work_words(self.queue_work, key.sliding_window)
         assert self.tile_n % self.box_n == 0 and self.head_dim % D_CHUNK == 0
 
     # ---------------------------------------------------------------- host-side helpers
@@ -209,7 +251,7 @@ class Sm90PagedPrefill:
         atom = warpgroup.make_smem_layout_atom(
             sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, cols), self.dtype
         )
-        wide = kv and self.cfg.wide_box
+        wide = kv and self.wide_box
         if stages is None:
             return cute.tile_to_shape(atom, (rows, cols), kv_smem_order(wide, False))
         return cute.tile_to_shape(atom, (rows, cols, stages), kv_smem_order(wide, True))
@@ -217,7 +259,7 @@ class Sm90PagedPrefill:
     def make_kv_tma(self, mX: cute.Tensor, tma_op, boxes_per_block):
         """TMA atom and coordinate tensor of a K or V pool: per-chunk boxes over
         (row_in_page, D, head, page), or with `wide_box` whole-row boxes over the slots."""
-        if not self.cfg.wide_box:
+        if not self.wide_box:
             box_layout = self._smem_layout(self.box_n, D_CHUNK)
             return cpasync.make_tiled_tma_atom(
                 tma_op, pool_view(mX), box_layout, (self.box_n, D_CHUNK)
@@ -240,7 +282,7 @@ class Sm90PagedPrefill:
             fields["mbar_queue"] = mem[cutlass.Int64, TILE_QUEUE_STAGES * 2]
             words = 1 + len(self.queue_work_words)
             fields["queue_slots"] = mem[cutlass.Int32, TILE_QUEUE_STAGES * words]
-        if self.cfg.q_tma:
+        if self.q_tma:
             fields["mbar_q_empty"] = mem[cutlass.Int64, self.cfg.q_stages]
         for name, layout in (("sQ", sQ_layout), ("sK", sK_layout), ("sV", sV_layout)):
             fields[name] = align[mem[dt, cute.cosize(layout)], 1024]
@@ -303,14 +345,14 @@ class Sm90PagedPrefill:
         softcap: Float32,  # key.softcap: the cap (> 0)
         stream,
     ):
-        q_stages = self.cfg.q_stages if self.cfg.q_tma else None
+        q_stages = self.cfg.q_stages if self.q_tma else None
         sQ_layout = self._smem_layout(self.tile_m, self.head_dim, q_stages)
         sK_layout = self._smem_layout(self.tile_n, self.head_dim, self.stages, kv=True)
         sV_layout = self._smem_layout(self.tile_n, self.head_dim, self.stages, kv=True)
         self.storage_cls = self._storage_cls(sQ_layout, sK_layout, sV_layout)
 
         kv_boxes_per_block = None
-        if cutlass.const_expr(self.cfg.wide_box):
+        if cutlass.const_expr(self.wide_box):
             # Checked on the host (prefill_forward): the block stride is a whole number of
             # boxes of token slots. K and V share strides.
             s_blk, s_tok = mK.layout.stride[0], mK.layout.stride[1]
@@ -320,7 +362,7 @@ class Sm90PagedPrefill:
         tma_atom_V, mV_tma = self.make_kv_tma(mV, tma_op, kv_boxes_per_block)
 
         tma_atom_Q, mQ_tma = None, None
-        if cutlass.const_expr(self.cfg.q_tma):
+        if cutlass.const_expr(self.q_tma):
             tma_atom_Q, mQ_tma = self.make_q_tma(mQ, tma_op)
 
         mma_layout = (self.cfg.mma_wgs, 1, 1)
@@ -439,7 +481,7 @@ class Sm90PagedPrefill:
             for barriers in (storage.mbar_k, storage.mbar_v)
         )
         q_empty = None
-        if cutlass.const_expr(self.cfg.q_tma):
+        if cutlass.const_expr(self.q_tma):
             # Q's "full" is the tile's first K stage mbarrier (produce); "empty" takes one
             # arrive per consumer warp after the warp's last Q K^T.
             q_empty = storage.mbar_q_empty.data_ptr()
@@ -474,43 +516,66 @@ class Sm90PagedPrefill:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
-        tile_args = (mWorkTiles, mCuSeqlensQ, mSeqUsedK, self.tokens_per_tile, self.tile_n)
-        tile_args = (*tile_args, window_left)
+        tile_args = WorkList(
+            mWorkTiles, mCuSeqlensQ, mSeqUsedK, self.tokens_per_tile, self.tile_n, window_left
+        )
         first_tile = cute.arch.block_idx()[0]
         pipeline.pipeline_init_wait()
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.cfg.producer_regs)
             if warp_idx == 0:
-                prod_args = (mPageTable, mK_tma, mV_tma, tma_atom_K, tma_atom_V, sK, sV)
                 pool = KvPool(num_blocks, kv_boxes_per_block)
-                prod_args = (*prod_args, pool, pipe_k, pipe_v)
+                prod_args = ProducerArgs(
+                    mPageTable, mK_tma, mV_tma, tma_atom_K, tma_atom_V, sK, sV, pool, pipe_k, pipe_v
+                )
                 produce = self.produce
-                if cutlass.const_expr(self.cfg.q_tma):
+                if cutlass.const_expr(self.q_tma):
                     produce = partial(produce, q_load=QTmaLoad(tma_atom_Q, mQ_tma, sQ, q_empty))
                 state = pipeline.make_pipeline_state(
                     pipeline.PipelineUserType.Producer, self.stages
                 )
-                self.walk_tiles(produce, prod_args, state, tile_args, first_tile, queue, True)
+                walk = self.tile_walk()
+                walk(produce, prod_args, state, tile_args, first_tile, queue, True)
             if cutlass.const_expr(self.cfg.v_warp):
                 if warp_idx == 1:
                     pool = KvPool(num_blocks, kv_boxes_per_block)
-                    v_args = (mPageTable, mV_tma, tma_atom_V, sV, pool, pipe_v)
+                    v_args = VLoadArgs(mPageTable, mV_tma, tma_atom_V, sV, pool, pipe_v)
                     self.walk_v_loads(v_args, tile_args, queue)
         else:
             cute.arch.setmaxregister_increase(self.cfg.mma_regs)
             wg = cute.arch.make_warp_uniform((tidx - 128) // 128)
             turns_begin(self.turns, wg)  # once per CTA: turns alternate across tiles
-            cons_args = (mQ, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v)
-            cons_args = (*cons_args, mSinks, window_left, softcap_prescale, scale_log2, tidx - 128)
+            cons_args = ConsumerArgs(
+                *(mQ, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v),
+                *(mSinks, window_left, softcap_prescale, scale_log2, tidx - 128),
+            )
             consume = self.consume
-            if cutlass.const_expr(self.cfg.q_tma):
+            if cutlass.const_expr(self.q_tma):
                 consume = partial(consume, q_empty=q_empty)
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            self.walk_tiles(consume, cons_args, state, tile_args, first_tile, queue, False)
+            walk = self.tile_walk()
+            walk(consume, cons_args, state, tile_args, first_tile, queue, False)
+
+    def tile_walk(self):
+        """The tile loop of the config's `tiles`, picked once (all take the same arguments:
+        role, role_args, state, tile_args, first_tile, queue, is_producer)."""
+        return {
+            Tiles.ONE_PER_CTA: self.walk_one_tile,
+            Tiles.QUEUE: self.walk_queue,
+            Tiles.QUEUE_WITH_WORK: self.walk_queue_work,
+        }[self.cfg.tiles]
+
+    def q_ring_state(self, is_producer: bool):
+        """`q_tma`: the producer's Q ring state, carried like its K/V state; else None."""
+        if self.q_tma and is_producer:
+            return pipeline.make_pipeline_state(
+                pipeline.PipelineUserType.Producer, self.cfg.q_stages
+            )
+        return None
 
     @cute.jit
-    def walk_tiles(
+    def walk_one_tile(
         self,
         role,
         role_args,
@@ -520,90 +585,87 @@ class Sm90PagedPrefill:
         queue,
         is_producer: cutlass.Constexpr[bool],
     ):
-        """Run one role (produce or consume) over this CTA's tiles, carrying its pipeline
-        state: the one tile `first_tile`, or with `persistent` `first_tile` and then the
-        tiles `queue` hands out."""
-        num_tiles = tile_args[0].shape[0]
-        users = pipeline.PipelineUserType
-        user = users.Producer if is_producer else users.Consumer
-        q_state = None  # `q_tma`: the producer's Q ring state, carried like `state`
-        if cutlass.const_expr(self.cfg.q_tma and is_producer):
-            q_state = pipeline.make_pipeline_state(user, self.cfg.q_stages)
-        if cutlass.const_expr(self.cfg.persistent):
-            tile = first_tile
-            queue_state = pipeline.make_pipeline_state(user, TILE_QUEUE_STAGES)
-            # Bound methods: the DSL's while would try to carry `queue` itself.
-            claim, publish, receive = queue.claim, queue.publish, queue.receive
-            if cutlass.const_expr(self.cfg.q_prefetch and not is_producer):
-                mQ, sQ, tidx = role_args[0], role_args[3], role_args[-1]
-                wg = cute.arch.make_warp_uniform(tidx // 128)
-                if tile < num_tiles:  # a grid larger than the list (tests) has idle CTAs
-                    self.issue_q(tile_work(*tile_args, tile), mQ, sQ, tidx, wg)
-            if cutlass.const_expr(self.cfg.queue_work):
-                self.walk_queue_work(
-                    role,
-                    role_args,
-                    state,
-                    q_state,
-                    tile_args,
-                    tile,
-                    queue,
-                    queue_state,
-                    is_producer,
-                )
-            else:
-                while tile < num_tiles:
-                    if cutlass.const_expr(is_producer):
-                        claimed = claim()  # in flight while this tile's loads issue
-                        if cutlass.const_expr(self.cfg.q_tma):
-                            work = self.tile_work_q_tma(tile_args, tile)
-                            state, q_state = role(work, *role_args, state, q_state=q_state)
-                        else:
-                            state = role(tile_work(*tile_args, tile), *role_args, state)
-                        tile, queue_state = publish(claimed, queue_state)
-                    elif cutlass.const_expr(self.cfg.q_prefetch):
-                        done = tile
-                        state, tile, queue_state = role(
-                            tile_work(*tile_args, tile),
-                            *role_args,
-                            state,
-                            receive,
-                            queue_state,
-                            tile_args,
-                        )
-                        self._count_visit(tile_args[0], done)
-                    elif cutlass.const_expr(self.cfg.q_tma):
-                        # One copy of the tile per Q stage, so each reads its stage at a constant
-                        # address: a runtime stage index (or any Q pipeline state live across the
-                        # block loop) moves the wgmma descriptors out of the uniform registers, 4
-                        # R2UR in front of every wgmma, -2 to -7 % (session 9).
-                        for q_stage in cutlass.range_constexpr(self.cfg.q_stages):
-                            if tile < num_tiles:
-                                state = role(
-                                    self.tile_work_q_tma(tile_args, tile),
-                                    *role_args,
-                                    state,
-                                    q_stage=q_stage,
-                                )
-                                self._count_visit(tile_args[0], tile)
-                                tile, queue_state = receive(queue_state)
-                    else:
-                        state = role(tile_work(*tile_args, tile), *role_args, state)
-                        self._count_visit(tile_args[0], tile)
-                        tile, queue_state = receive(queue_state)
-            if cutlass.const_expr(is_producer):
-                queue.finish()
-        elif cutlass.const_expr(self.cfg.q_tma):
+        """ONE_PER_CTA: run one role (produce or consume) on the CTA's one tile (no queue)."""
+        q_state = self.q_ring_state(is_producer)
+        if cutlass.const_expr(self.q_tma):
             work = self.tile_work_q_tma(tile_args, first_tile)
             if cutlass.const_expr(is_producer):
-                role(work, *role_args, state, q_state=q_state)
+                role(work, role_args, state, q_state=q_state)
             else:
-                role(work, *role_args, state, q_stage=0)
-                self._count_visit(tile_args[0], first_tile)
+                role(work, role_args, state, q_stage=0)
+                self._count_visit(tile_args.work_tiles, first_tile)
         else:
-            role(tile_work(*tile_args, first_tile), *role_args, state)
+            role(tile_work(*tile_args, first_tile), role_args, state)
             if cutlass.const_expr(not is_producer):
-                self._count_visit(tile_args[0], first_tile)
+                self._count_visit(tile_args.work_tiles, first_tile)
+
+    @cute.jit
+    def walk_queue(
+        self,
+        role,
+        role_args,
+        state,
+        tile_args,
+        first_tile: Int32,
+        queue,
+        is_producer: cutlass.Constexpr[bool],
+    ):
+        """QUEUE: run one role over `first_tile` and then the tiles the producer claims and
+        `queue` hands out, carrying its pipeline state across them."""
+        num_tiles = tile_args.work_tiles.shape[0]
+        users = pipeline.PipelineUserType
+        user = users.Producer if is_producer else users.Consumer
+        q_state = self.q_ring_state(is_producer)
+        tile = first_tile
+        queue_state = pipeline.make_pipeline_state(user, TILE_QUEUE_STAGES)
+        # Bound methods: the DSL's while would try to carry `queue` itself.
+        claim, publish, receive = queue.claim, queue.publish, queue.receive
+        if cutlass.const_expr(self.q_prefetch and not is_producer):
+            mQ, sQ, tidx = role_args.mQ, role_args.sQ, role_args.tidx
+            wg = cute.arch.make_warp_uniform(tidx // 128)
+            if tile < num_tiles:  # a grid larger than the list (tests) has idle CTAs
+                self.issue_q(tile_work(*tile_args, tile), mQ, sQ, tidx, wg)
+        while tile < num_tiles:
+            if cutlass.const_expr(is_producer):
+                claimed = claim()  # in flight while this tile's loads issue
+                if cutlass.const_expr(self.q_tma):
+                    work = self.tile_work_q_tma(tile_args, tile)
+                    state, q_state = role(work, role_args, state, q_state=q_state)
+                else:
+                    state = role(tile_work(*tile_args, tile), role_args, state)
+                tile, queue_state = publish(claimed, queue_state)
+            elif cutlass.const_expr(self.q_prefetch):
+                done = tile
+                state, tile, queue_state = role(
+                    tile_work(*tile_args, tile),
+                    role_args,
+                    state,
+                    receive,
+                    queue_state,
+                    tile_args,
+                )
+                self._count_visit(tile_args.work_tiles, done)
+            elif cutlass.const_expr(self.q_tma):
+                # One copy of the tile per Q stage, so each reads its stage at a constant
+                # address: a runtime stage index (or any Q pipeline state live across the
+                # block loop) moves the wgmma descriptors out of the uniform registers, 4
+                # R2UR in front of every wgmma, -2 to -7 % (session 9).
+                for q_stage in cutlass.range_constexpr(self.cfg.q_stages):
+                    if tile < num_tiles:
+                        state = role(
+                            self.tile_work_q_tma(tile_args, tile),
+                            role_args,
+                            state,
+                            q_stage=q_stage,
+                        )
+                        self._count_visit(tile_args.work_tiles, tile)
+                        tile, queue_state = receive(queue_state)
+            else:
+                state = role(tile_work(*tile_args, tile), role_args, state)
+                self._count_visit(tile_args.work_tiles, tile)
+                tile, queue_state = receive(queue_state)
+        if cutlass.const_expr(is_producer):
+            queue.finish()
 
     @cute.jit
     def walk_queue_work(
@@ -611,18 +673,20 @@ class Sm90PagedPrefill:
         role,
         role_args,
         state,
-        q_state,
         tile_args,
         first_tile: Int32,
         queue,
-        queue_state,
         is_producer: cutlass.Constexpr[bool],
     ):
-        """`queue_work` (with `persistent` and `q_tma`): the producer publishes every tile,
-        the CTA's first included, with its TileWork; the consumers start each tile from
-        the slot, without the two dependent global loads (work_tiles row, then the
-        request's lengths) that would stand before its first block."""
-        num_tiles = tile_args[0].shape[0]
+        """QUEUE_WITH_WORK (with `q_tma`): the producer publishes every tile, the CTA's first
+        included, with its TileWork; the consumers start each tile from the slot, without
+        the two dependent global loads (work_tiles row, then the request's lengths) that
+        would stand before its first block."""
+        num_tiles = tile_args.work_tiles.shape[0]
+        users = pipeline.PipelineUserType
+        user = users.Producer if is_producer else users.Consumer
+        q_state = self.q_ring_state(is_producer)
+        queue_state = pipeline.make_pipeline_state(user, TILE_QUEUE_STAGES)
         publish_work, wait_tile, take_work = queue.publish_work, queue.wait_tile, queue.take_work
         tile = first_tile
         if cutlass.const_expr(is_producer):
@@ -633,21 +697,23 @@ class Sm90PagedPrefill:
             while tile < num_tiles:
                 claimed = claim()  # in flight while this tile's loads issue
                 # `work` is the tile's, as published (carried from the previous publish).
-                state, q_state = role(work, *role_args, state, q_state=q_state)
+                state, q_state = role(work, role_args, state, q_state=q_state)
                 tile = next_tile(claimed)
                 work = self.tile_work_q_tma(tile_args, cutlass.min(tile, last))
                 queue_state = publish_work(tile, work, queue_state)
         else:
             tile = wait_tile(queue_state)
             while tile < num_tiles:
-                # One copy of the tile per Q stage (constant addresses, see walk_tiles).
+                # One copy of the tile per Q stage (constant addresses, see walk_queue).
                 for q_stage in cutlass.range_constexpr(self.cfg.q_stages):
                     if tile < num_tiles:
                         # Its own name: `work` of the producer's branch would be carried.
                         received, queue_state = take_work(queue_state)
-                        state = role(received, *role_args, state, q_stage=q_stage)
-                        self._count_visit(tile_args[0], tile)
+                        state = role(received, role_args, state, q_stage=q_stage)
+                        self._count_visit(tile_args.work_tiles, tile)
                         tile = wait_tile(queue_state)
+        if cutlass.const_expr(is_producer):
+            queue.finish()
 
     @cute.jit
     def tile_work_q_tma(self, tile_args, tile: Int32):
@@ -672,7 +738,7 @@ class Sm90PagedPrefill:
         """With `page_prefetch`, this lane's share of block n_block's page-table entries
         (read_block_pages), read a block before its loads; otherwise None: the loads read
         them after the stage acquire."""
-        if not self.cfg.page_prefetch:
+        if not self.pages_ahead:
             return None
         return read_block_pages(page_row, k_len, num_blocks, n_block, *self.paged_tile_geometry)
 
@@ -681,7 +747,7 @@ class Sm90PagedPrefill:
     ):
         """Acquire the stage and issue a K or V tile; `q_boxes(mbar)` (`q_tma`, the tile's
         first K) puts the tile's Q on the same mbarrier first."""
-        pipe, atom, tXs, tXg, policy = src.pipe, src.atom, src.smem, src.gmem, src.policy
+        pipe, atom, tXs, tXg = src.pipe, src.atom, src.smem, src.gmem
         pipe.producer_acquire(state)
         mbar = pipe.producer_get_barrier(state)
         if cutlass.const_expr(q_boxes is not None):
@@ -698,7 +764,6 @@ class Sm90PagedPrefill:
                 state.index,
                 mbar,
                 *self.paged_tile_geometry,
-                policy,
                 src.boxes_per_block,
             )
         else:
@@ -711,42 +776,26 @@ class Sm90PagedPrefill:
                 state.index,
                 mbar,
                 *self.paged_tile_geometry,
-                policy,
                 src.boxes_per_block,
             )
 
     def _kv_source(self, pipe, atom, mX_tma, sX, kv_head, boxes_per_block) -> KvSource:
         """A tile's K or V source: its TMA views partitioned for the kv_head."""
-        if self.cfg.wide_box:
+        if self.wide_box:
             tile_shape = (self.tile_n, self.head_dim, self.stages)
             tXs, tXg = partition_slot_boxes(atom, mX_tma, sX, kv_head, self.box_n, tile_shape)
         else:
             tXs, tXg = partition_pool_tiles(atom, mX_tma, sX, kv_head, self.box_n)
-        return KvSource(pipe, atom, tXs, tXg, self._kv_policy(), boxes_per_block)
+        return KvSource(pipe, atom, tXs, tXg, boxes_per_block)
 
     @cute.jit
-    def produce(
-        self,
-        work,
-        mPageTable,
-        mK_tma,
-        mV_tma,
-        tma_atom_K,
-        tma_atom_V,
-        sK,
-        sV,
-        pool,
-        pipe_k,
-        pipe_v,
-        state,
-        q_state=None,
-        q_load=None,
-    ):
+    def produce(self, work, args: ProducerArgs, state, q_state=None, q_load=None):
         """Issue one tile's K/V loads (with `v_warp` only K; produce_v issues V), last block
         first, with `q_tma` its Q on the first K's mbarrier; returns the advanced state (and
         Q's)."""
+        mPageTable, mK_tma, mV_tma, tma_atom_K, tma_atom_V, sK, sV, pool, pipe_k, pipe_v = args
         q_boxes = None
-        if cutlass.const_expr(self.cfg.q_tma):
+        if cutlass.const_expr(self.q_tma):
             # The consumers freed this Q stage after their last Q K^T two tiles ago.
             cute.arch.mbarrier_wait(q_load.empty + q_state.index, q_state.phase)
             q_boxes = partial(self.issue_q_boxes, work, q_load, q_state.index)
@@ -755,7 +804,7 @@ class Sm90PagedPrefill:
         k_src = self._kv_source(pipe_k, tma_atom_K, mK_tma, sK, head, boxes)
         v_src = self._kv_source(pipe_v, tma_atom_V, mV_tma, sV, head, boxes)
         n_max, n_min = work.n_block_max, work.n_block_min
-        if cutlass.const_expr(self.cfg.v_warp or not self.cfg.overlap):
+        if cutlass.const_expr(self.cfg.v_warp or not self.overlap):
             # Block by block: K, then V unless the second warp loads it (`v_warp`, produce_v)
             srcs = (k_src,) if cutlass.const_expr(self.cfg.v_warp) else (k_src, v_src)
             state = self.issue_blocks(srcs, state, ctx, n_max, n_min, q_boxes)
@@ -781,16 +830,10 @@ class Sm90PagedPrefill:
                     state.advance()
                     state_v.advance()
                 self._load_tile(v_src, state_v, *ctx, n_min, pages)
-        if cutlass.const_expr(self.cfg.q_tma):
+        if cutlass.const_expr(self.q_tma):
             q_state.advance()
             return state, q_state
         return state
-
-    def _kv_policy(self):
-        """The K/V loads' L2 cache policy operand (`kv_evict_last`), or None: no hint."""
-        if self.cfg.kv_evict_last:
-            return cutlass.Int64(L2_EVICT_LAST)
-        return None
 
     @cute.jit
     def issue_blocks(self, srcs, state, ctx, n_max: Int32, n_min: Int32, q_boxes=None):
@@ -815,8 +858,9 @@ class Sm90PagedPrefill:
         return state
 
     @cute.jit
-    def produce_v(self, work, mPageTable, mV_tma, tma_atom_V, sV, pool, pipe_v, state):
+    def produce_v(self, work, args: VLoadArgs, state):
         """`v_warp`: one tile's V loads, last block first; returns the advanced state."""
+        mPageTable, mV_tma, tma_atom_V, sV, pool, pipe_v = args
         boxes = pool.boxes_per_block
         v_src = self._kv_source(pipe_v, tma_atom_V, mV_tma, sV, work.kv_head, boxes)
         ctx = (mPageTable[work.batch, None], work.k_len, pool.num_blocks)
@@ -826,7 +870,7 @@ class Sm90PagedPrefill:
     def walk_v_loads(self, v_args, tile_args, queue):
         """`v_warp`: the second producer warp takes every tile from the queue, as the
         consumers do, and issues its V loads."""
-        num_tiles = tile_args[0].shape[0]
+        num_tiles = tile_args.work_tiles.shape[0]
         users = pipeline.PipelineUserType
         state = pipeline.make_pipeline_state(users.Producer, self.stages)
         queue_state = pipeline.make_pipeline_state(users.Consumer, TILE_QUEUE_STAGES)
@@ -834,7 +878,7 @@ class Sm90PagedPrefill:
         tile = wait_tile(queue_state)
         while tile < num_tiles:
             work, queue_state = take_work(queue_state)
-            state = self.produce_v(work, *v_args, state)
+            state = self.produce_v(work, v_args, state)
             tile = wait_tile(queue_state)
 
     @cute.jit
@@ -909,21 +953,9 @@ class Sm90PagedPrefill:
         queue and start its Q copies, so they land under this tile's last P V and epilogue.
         Returns (next tile, queue state)."""
         next_tile, queue_state = receive(queue_state)
-        if next_tile < tile_args[0].shape[0]:
+        if next_tile < tile_args.work_tiles.shape[0]:
             self.issue_q(tile_work(*tile_args, next_tile), mQ, sQ, tidx, wg)
         return next_tile, queue_state
-
-    @cute.jit
-    def wait_turn_stage(self, pipe, state, wg: Int32):
-        """Wait for a K/V stage inside a ping-pong loop. With `single_poller` only the first
-        warpgroup polls the stage's mbarrier: the second issues its GEMMs on that stage only
-        after the first has passed it the turn, which the first does after its own wait, so
-        the data is there; the second then stays off the mbarrier (FA3 does the same)."""
-        if cutlass.const_expr(self.cfg.single_poller):
-            if wg == 0:
-                pipe.consumer_wait(state)
-        else:
-            pipe.consumer_wait(state)
 
     @cute.jit
     def zero_v_tail(self, sV: cute.Tensor, stage: Int32, first_row: Int32, tidx: Int32, wg):
@@ -991,7 +1023,7 @@ class Sm90PagedPrefill:
 
         `pv_wait_mid` (neg_shift given): the arms end after the first row's exponentials
         (softmax_head); the caller waits for P V and then runs softmax_rest."""
-        per_arm = self.cfg.softmax_per_arm
+        per_arm = self.overlap
         lazy = self.cfg.lazy_max
         if cutlass.const_expr(neg_shift is not None):
             head = (acc_S, row_max, row_sum, row_scale, neg_shift, scale_log2, lazy)
@@ -1018,21 +1050,7 @@ class Sm90PagedPrefill:
     def consume(
         self,
         work,
-        mQ,
-        mO,
-        mLSE,
-        sQ,
-        sK,
-        sV,
-        tiled_mma_qk,
-        tiled_mma_pv,
-        pipe_k,
-        pipe_v,
-        mSinks,
-        window_left,
-        softcap_prescale,
-        scale_log2: Float32,
-        tidx: Int32,
+        args: ConsumerArgs,
         state,
         receive=None,
         queue_state=None,
@@ -1048,18 +1066,20 @@ class Sm90PagedPrefill:
         `q_stage` (a compile-time constant: a runtime stage index costs the block loop its
         uniform-register descriptors) on the first K's mbarrier; the tile frees the stage
         after its last Q K^T."""
+        mQ, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v = args[:10]
+        mSinks, window_left, softcap_prescale, scale_log2, tidx = args[10:]
         wg = cute.arch.make_warp_uniform(tidx // 128)
         g = self.block_gemms(sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, tidx)
         tSrQ = g.tSrQ
-        if cutlass.const_expr(self.cfg.q_tma):
+        if cutlass.const_expr(self.q_tma):
             tSrQ = tSrQ[None, None, None, q_stage]
         acc_O = g.acc_O
         num_rows = cute.size(acc_rows_view(acc_O), mode=[0])
 
         # With `q_tma` Q lands with the first K block (its wait below).
-        if cutlass.const_expr(self.cfg.q_prefetch):
+        if cutlass.const_expr(self.q_prefetch):
             self.wait_q(wg)
-        elif cutlass.const_expr(not self.cfg.q_tma):
+        elif cutlass.const_expr(not self.q_tma):
             self.load_q(work, mQ, sQ, tidx, wg)
         next_tile = Int32(0)  # q_prefetch only
 
@@ -1079,10 +1099,9 @@ class Sm90PagedPrefill:
             g.tScS, work, diag, row_max, row_sum, row_scale, scale_log2, feats
         )
 
-        pp = self.cfg.pingpong
         if n_count > 0:
-            self.first_block(g, tSrQ, work, state, softmax_args, (sK, sV), pipe_k, pipe_v, tidx, wg)
-            if cutlass.const_expr(not self.cfg.overlap and not pp):
+            self.first_block(g, tSrQ, work, state, softmax_args, sV, pipe_k, pipe_v, tidx, wg)
+            if cutlass.const_expr(not self.overlap):
                 tOrP, tOrVt, tSrK = g.tOrP, g.tOrVt, g.tSrK
                 _wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False, 0)
                 pipe_v.consumer_release(state)
@@ -1102,31 +1121,6 @@ class Sm90PagedPrefill:
                     )
                     pipe_v.consumer_release(state)
                     state.advance()
-            elif cutlass.const_expr(not self.cfg.overlap):
-                # Ping-pong without intra-WG overlap: one turn = {P_{j+1} V_{j+1}, S_j}; the
-                # softmax of S_j then runs while the other warpgroup issues its turn.
-                tOrP, tOrVt, tSrK = g.tOrP, g.tOrVt, g.tSrK
-                state_v = state.clone()
-                state.advance()
-                for i in cutlass.range(1, n_count, unroll=1):
-                    n_block = n_max - 1 - i
-                    self.wait_turn_stage(pipe_k, state, wg)
-                    acc_S = self.new_acc_S(g)
-                    turn_wait(self.turns, wg)
-                    _wgmma(
-                        tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state_v.index], False, -1
-                    )
-                    _wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True, -1)
-                    turn_pass(self.turns, wg)
-                    warpgroup.wait_group(0)
-                    pipe_v.consumer_release(state_v)
-                    pipe_k.consumer_release(state)
-                    self.softmax_block(acc_S, n_block, *softmax_args)
-                    self.rescale_o(acc_O, row_scale)
-                    tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
-                    state.advance()
-                    state_v.advance()
-                    self.wait_turn_stage(pipe_v, state_v, wg)
             else:
                 # V of block j+1 sits in state_v, one stage behind K's state.
                 state_v = state.clone()
@@ -1135,31 +1129,31 @@ class Sm90PagedPrefill:
                     state, state_v = self.overlap_step(
                         g, tSrQ, n_max - 1 - i, state, state_v, softmax_args, pipe_k, pipe_v, wg
                     )
-            if cutlass.const_expr(self.cfg.q_prefetch):  # every Q K^T of the tile is done
+            if cutlass.const_expr(self.q_prefetch):  # every Q K^T of the tile is done
                 next_tile, queue_state = self.prefetch_next_q(
                     receive, queue_state, tile_args, mQ, sQ, tidx, wg
                 )
             # Every Q K^T of the tile is done; a staged epilogue still writes O into the stage.
-            if cutlass.const_expr(self.cfg.q_tma and not self.cfg.smem_epilogue):
+            if cutlass.const_expr(self.q_tma and not self.staged_epilogue):
                 self.free_q_stage(q_empty, q_stage)
-            if cutlass.const_expr(self.cfg.overlap or pp):
-                # The last block's P V, left in flight by both overlapped loops.
+            if cutlass.const_expr(self.overlap):
+                # The last block's P V, left in flight by the overlapped loop.
                 self.last_pv(g, state_v, pipe_v, wg, row_scale)
-        elif cutlass.const_expr(self.cfg.q_prefetch):  # empty tile: nothing read sQ
+        elif cutlass.const_expr(self.q_prefetch):  # empty tile: nothing read sQ
             next_tile, queue_state = self.prefetch_next_q(
                 receive, queue_state, tile_args, mQ, sQ, tidx, wg
             )
 
         sO = sQ  # the staged epilogue's buffer: the warpgroup's rows of (this tile's) Q
-        if cutlass.const_expr(self.cfg.q_tma):
+        if cutlass.const_expr(self.q_tma):
             sO = sQ[None, None, q_stage]
         out = (mO, mLSE, mSinks, sO)
         self.epilogue(work, out, g, row_max, row_sum, scale_log2, tidx, wg)
-        if cutlass.const_expr(self.cfg.q_tma and self.cfg.smem_epilogue):
+        if cutlass.const_expr(self.q_tma and self.staged_epilogue):
             # The stage's generic-proxy reads and writes come before the producer's TMA.
             cute.arch.fence_view_async_shared()
             self.free_q_stage(q_empty, q_stage)
-        if cutlass.const_expr(self.cfg.q_prefetch):
+        if cutlass.const_expr(self.q_prefetch):
             return state, next_tile, queue_state
         return state
 
@@ -1218,7 +1212,7 @@ class Sm90PagedPrefill:
             self.qhead_per_kvhead,
             self.tokens_per_tile,
             self.has_lse,
-            self.cfg.smem_epilogue,
+            self.staged_epilogue,
             mSinks,
         )
 
@@ -1242,42 +1236,18 @@ class Sm90PagedPrefill:
             self.zero_v_tail(sV, state.index, valid_rows, tidx, wg)
 
     @cute.jit
-    def first_block(self, g, tSrQ, work, state, softmax_args, sKV, pipe_k, pipe_v, tidx, wg):
+    def first_block(self, g, tSrQ, work, state, softmax_args, sV, pipe_k, pipe_v, tidx, wg):
         """A tile's first block on its own: S = Q K^T in a turn of its own, then its softmax
-        with nothing in flight; leaves P in g.tOrP and waits for the block's V. sKV = (sK,
-        sV)."""
-        sK, sV = sKV
+        with nothing in flight; leaves P in g.tOrP and waits for the block's V."""
         n_block = work.n_block_max - 1
         pipe_k.consumer_wait(state)
         acc_S = self.new_acc_S(g)
         turn_wait(self.turns, wg)
-        if cutlass.const_expr(self.cfg.narrow_diag):
-            self.narrow_first_qk(g, tSrQ, acc_S, sK, work, n_block, state.index, wg)
-        else:
-            self.lone_qk(g, tSrQ, acc_S, state.index, wg)
+        self.lone_qk(g, tSrQ, acc_S, state.index, wg)
         pipe_k.consumer_release(state)
         self.first_softmax(acc_S, n_block, softmax_args)
         g.tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
         self.wait_first_v(sV, work, n_block, state, pipe_v, tidx, wg)
-
-    @cute.jit
-    def narrow_first_qk(self, g, tSrQ, acc_S, sK, work, n_block, stage: Int32, wg: Int32):
-        """`narrow_diag`: S = Q K^T of a tile's first (diagonal) block over only the key
-        columns some row of the tile sees, rounded up to 32 (a 64 x {32, 64, 96, 128} wgmma
-        picked at run time); the columns past them are set to -inf, which the causal mask
-        would make of them anyway. Passes the turn and waits for S in each arm, so no wgmma
-        is in flight at the join."""
-        last_token = cutlass.min(work.first_token + self.tokens_per_tile, work.q_len) - 1
-        cols = work.k_len - work.q_len + last_token + 1 - n_block * self.tile_n
-        quarters = (cols + 31) // 32  # 1..4 (<= 0 only in an empty tile, never stored)
-        if quarters <= 1:
-            self.qk_columns(32, tSrQ, acc_S, sK, stage, wg)
-        elif quarters == 2:
-            self.qk_columns(64, tSrQ, acc_S, sK, stage, wg)
-        elif quarters == 3:
-            self.qk_columns(96, tSrQ, acc_S, sK, stage, wg)
-        else:
-            self.lone_qk(g, tSrQ, acc_S, stage, wg)
 
     @cute.jit
     def lone_qk(self, g, tSrQ, acc_S, stage: Int32, wg: Int32):
@@ -1288,45 +1258,27 @@ class Sm90PagedPrefill:
         warpgroup.wait_group(0)
 
     @cute.jit
-    def qk_columns(self, n: cutlass.Constexpr[int], tSrQ, acc_S, sK, stage: Int32, wg: Int32):
-        """S[:, :n] = Q K[:n]^T with a 64 x n wgmma, S[:, n:] = -inf (a 64 x n accumulator
-        holds the first n / 2 values of a 64 x tile_n one: column groups of 8 are its outer
-        mode); passes the turn and waits."""
-        mma = self.qk_mma(n)
-        wg_mma = mma.get_slice(wg * 128)
-        sKn = cute.local_tile(sK, (n, self.head_dim, self.stages), (0, 0, 0))
-        tSrKn = wg_mma.make_fragment_B(wg_mma.partition_B(sKn))
-        # An accumulator of its own (a view into acc_S's registers makes ptxas serialize
-        # every wgmma of the kernel: C7511, "insufficient register resources").
-        acc_n = cute.make_rmem_tensor(mma.partition_shape_C((self.tile_m, n)), Float32)
-        _wgmma(mma, acc_n, tSrQ, tSrKn[None, None, None, stage], True, -1)
-        turn_pass(self.turns, wg)
-        warpgroup.wait_group(0)
-        for i in cutlass.range_constexpr(cute.size(acc_S)):
-            acc_S[i] = acc_n[i] if i < cute.size(acc_n) else -Float32.inf
-
-    @cute.jit
     def overlap_step(self, g, tSrQ, n_block, state, state_v, softmax_args, pipe_k, pipe_v, wg):
         """One block of the overlapped loop: S_j = Q K_j^T and O += P_{j+1} V_{j+1} in one
         turn, the softmax of S_j under the P V. Returns the advanced (state, state_v)."""
         row_scale = softmax_args.row_scale
-        self.wait_turn_stage(pipe_k, state, wg)
+        pipe_k.consumer_wait(state)
         acc_S = self.new_acc_S(g)
         turn_wait(self.turns, wg)
         _wgmma(g.mma_qk, acc_S, tSrQ, g.tSrK[None, None, None, state.index], True, -1)
-        if cutlass.const_expr(self.cfg.pv_wait_mid):
+        if cutlass.const_expr(self.pv_wait_mid):
             self.rescale_o(g.acc_O, row_scale)  # the previous block's, under this Q K^T
         _wgmma(g.mma_pv, g.acc_O, g.tOrP, g.tOrVt[None, None, None, state_v.index], False, -1)
         turn_pass(self.turns, wg)
         warpgroup.wait_group(1)  # S_j done; P_{j+1} V_{j+1} may still run
         pipe_k.consumer_release(state)
         neg_shift = None
-        if cutlass.const_expr(self.cfg.pv_wait_mid):
+        if cutlass.const_expr(self.pv_wait_mid):
             neg_shift = cute.make_rmem_tensor(cute.size(row_scale), Float32)
         self.softmax_block(acc_S, n_block, *softmax_args, neg_shift=neg_shift)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(state_v)
-        if cutlass.const_expr(self.cfg.pv_wait_mid):
+        if cutlass.const_expr(self.pv_wait_mid):
             # O's rescale waits for the next block's turn (above, or last_pv): its branch
             # here would split the other rows' exponentials from P's packing, which ptxas
             # then cannot interleave.
@@ -1334,11 +1286,11 @@ class Sm90PagedPrefill:
         else:
             self.rescale_o(g.acc_O, row_scale)
         g.tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
-        if cutlass.const_expr(self.cfg.pv_wait_mid):
+        if cutlass.const_expr(self.pv_wait_mid):
             computed_here(g.tOrP)
         state.advance()
         state_v.advance()
-        self.wait_turn_stage(pipe_v, state_v, wg)
+        pipe_v.consumer_wait(state_v)
         return state, state_v
 
     @cute.jit
@@ -1346,7 +1298,7 @@ class Sm90PagedPrefill:
         """A tile's last P V in a turn of its own (the overlapped loops leave it in flight);
         with `pv_wait_mid` after the last block's rescale of O."""
         turn_wait(self.turns, wg)
-        if cutlass.const_expr(self.cfg.pv_wait_mid):
+        if cutlass.const_expr(self.pv_wait_mid):
             self.rescale_o(g.acc_O, row_scale)
         _wgmma(g.mma_pv, g.acc_O, g.tOrP, g.tOrVt[None, None, None, state_v.index], False, -1)
         turn_pass(self.turns, wg)

@@ -22,18 +22,6 @@ from cutlass import Int32
 from cutlass.cute.nvgpu import cpasync
 
 D_CHUNK = 64  # elements per 128-byte swizzle row
-# L2 cache-policy operand of a TMA load: what `createpolicy.fractional.L2::evict_last.b64 p,
-# 1.0` produces (an opaque 64-bit value; the same constant CUTLASS names EVICT_LAST). K/V are
-# re-read by every M tile of their (request, KV head) pair; Q and O are touched once.
-L2_EVICT_LAST = 0x14F0000000000000
-
-
-@cute.jit
-def _copy_box(tma_atom, src, dst, mbar, cache_policy):
-    if cutlass.const_expr(cache_policy is None):
-        cute.copy(tma_atom, src, dst, tma_bar_ptr=mbar)
-    else:
-        cute.copy(tma_atom, src, dst, tma_bar_ptr=mbar, cache_policy=cache_policy)
 
 
 def pool_view(mX: cute.Tensor) -> cute.Tensor:
@@ -104,17 +92,16 @@ def partition_slot_boxes(
 
 
 @cute.jit
-def _issue_box(tma_atom, tXs, tXg, b, rowblk, page, stage, mbar, boxes_per_block, cache_policy):
+def _issue_box(tma_atom, tXs, tXg, b, rowblk, page, stage, mbar, boxes_per_block):
     """Box b of a tile: one per 64-column chunk, or with `wide_box` (boxes_per_block given)
     one for the whole row block."""
     if cutlass.const_expr(boxes_per_block is None):
         for c in cutlass.range_constexpr(cute.size(tXs, mode=[2])):
-            _copy_box(
-                tma_atom, tXg[None, rowblk, c, page], tXs[None, b, c, stage], mbar, cache_policy
-            )
+            src, dst = tXg[None, rowblk, c, page], tXs[None, b, c, stage]
+            cute.copy(tma_atom, src, dst, tma_bar_ptr=mbar)
     else:
         src = tXg[None, page * boxes_per_block + rowblk]
-        _copy_box(tma_atom, src, tXs[None, b, stage], mbar, cache_policy)
+        cute.copy(tma_atom, src, tXs[None, b, stage], tma_bar_ptr=mbar)
 
 
 @cute.jit
@@ -142,7 +129,6 @@ def load_paged_tile(
     tile_n: cutlass.Constexpr[int],
     box_n: cutlass.Constexpr[int],
     page_size: cutlass.Constexpr[int],
-    cache_policy=None,  # Int64 L2 policy for the loads (L2_EVICT_LAST), or None: no hint
     boxes_per_block=None,  # `wide_box`: boxes of box_n slots per cache block, else None
 ):
     """Issue every box of K/V tile n_block into `stage`, all on the stage's mbarrier."""
@@ -151,7 +137,7 @@ def load_paged_tile(
         token = n_block * tile_n + b * box_n
         page = box_page(page_row, token, last_page, k_len, num_blocks, page_size)
         rowblk = (token % page_size) // box_n
-        _issue_box(tma_atom, tXs, tXg, b, rowblk, page, stage, mbar, boxes_per_block, cache_policy)
+        _issue_box(tma_atom, tXs, tXg, b, rowblk, page, stage, mbar, boxes_per_block)
 
 
 # ---- page_prefetch variant: the producer warp reads a block's page-table entries one block
@@ -191,7 +177,6 @@ def issue_paged_tile(
     tile_n: cutlass.Constexpr[int],
     box_n: cutlass.Constexpr[int],
     page_size: cutlass.Constexpr[int],
-    cache_policy=None,
     boxes_per_block=None,
 ):
     """load_paged_tile with the pages already read: box b's page comes from lane b."""
@@ -202,4 +187,4 @@ def issue_paged_tile(
             page = cute.arch.shuffle_sync(lane_pages, b)
         token = n_block * tile_n + b * box_n
         rowblk = (token % page_size) // box_n
-        _issue_box(tma_atom, tXs, tXg, b, rowblk, page, stage, mbar, boxes_per_block, cache_policy)
+        _issue_box(tma_atom, tXs, tXg, b, rowblk, page, stage, mbar, boxes_per_block)

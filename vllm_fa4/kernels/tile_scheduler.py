@@ -2,6 +2,7 @@
 ``TileWork``, and the queue a persistent CTA takes its next row from (``TileQueue``)."""
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -24,6 +25,17 @@ class TileWork:
     # Sliding window only (else the Python int 0, so the plain causal code is unchanged):
     n_block_min: Int32  # first visited block: the one holding the tile's leftmost window key
     n_block_left_mask: Int32  # blocks < this one need the window's left-edge mask
+
+
+class WorkList(NamedTuple):
+    """The work list and what reading a row of it takes: tile_work(*work_list, tile)."""
+
+    work_tiles: cute.Tensor  # [num_tiles, 4] int32 (batch, kv_head, m_block, cost)
+    cu_seqlens_q: cute.Tensor
+    seqused_k: cute.Tensor
+    tokens_per_tile: int
+    tile_n: int
+    window_left: object  # Int32, or None without a window
 
 
 @cute.jit

@@ -4,9 +4,11 @@ vLLM names -> kernel names: query_start_loc -> cu_seqlens_q, seq_lens -> seqused
 block_table -> page_table (a view of its rows), kv_cache -> (k_cache, v_cache) views.
 
     layout.py     split_kv_cache: K/V views of vLLM's packed cache
-    plan.py       plan_prefill -> PrefillPlan (LPT work list, launch arguments), once per step
+    policy.py     serving_configs: the measured serving table (key -> long / short configs)
+    plan.py       plan_prefill -> PrefillPlan (LPT work list, config pick, launch arguments,
+                  the route), once per step
     route.py      select_route: compiled kernel or fp32 reference, decided and logged once
-    run.py        run_prefill: validate, then launch the plan's route
+    run.py        run_prefill: validate, then run the plan's route
     reference.py  the fp32 PyTorch reference (a route only when asked for, the tests' ground truth)
 """
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from vllm_fa4.kernels.config import KernelConfig, KernelKey, ServingConfigs
+from vllm_fa4.kernels.config import KernelConfig, KernelKey, KvBox
+from vllm_fa4.paged_prefill.policy import ServingConfigs
 
 
 def _canonical_strides(
@@ -134,8 +135,8 @@ class KvCacheLayout:
 def fit_config(config: KernelConfig, key: KernelKey, layout: KvCacheLayout) -> KernelConfig:
     """``config``, or the same config with per-chunk K/V boxes where its whole-row boxes
     (``wide_box``) cannot address ``layout``'s blocks (padded pages)."""
-    if config.wide_box and not layout.fits_slot_boxes(config.box_n(key)):
-        return replace(config, wide_box=False)
+    if config.kv_box is KvBox.WIDE and not layout.fits_slot_boxes(config.box_n(key)):
+        return replace(config, kv_box=KvBox.PER_CHUNK)
     return config
 
 

@@ -20,15 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vllm_fa4.kernels.config import (
-    KernelConfig,
-    KernelKey,
-    ServingConfigs,
-    TileGeometry,
-    check_window,
-    serving_configs,
-)
+from vllm_fa4.kernels.config import KernelConfig, KernelKey, TileGeometry, check_window
 from vllm_fa4.kernels.launch import LaunchArgs
+from vllm_fa4.paged_prefill.policy import ServingConfigs
+from vllm_fa4.paged_prefill.route import select_route
 
 # K/V bytes the tiles in flight may share before the tile order cuts a section
 # (build_work_tiles); None keeps plain LPT. H100 and H200 have 50 MB of L2; 16 MiB measured
@@ -44,7 +39,8 @@ class PrefillPlan:
     """
 
     key: KernelKey  # built once by the caller (the metadata builder), never per step
-    config: KernelConfig
+    config: KernelConfig  # the batch's pick of the caller's ServingConfigs
+    route: str  # "kernel" or "reference": decided once by the caller (route.select_route)
     args: LaunchArgs  # device tensors of the launch (work_tiles in LPT order)
     # host copies
     query_start_loc_cpu: torch.Tensor  # [B+1] int32
@@ -169,22 +165,22 @@ def plan_prefill(
     seq_lens_cpu: torch.Tensor,
     *,
     key: KernelKey,
-    config: KernelConfig | ServingConfigs | None = None,
+    configs: ServingConfigs,
     num_kv_heads: int,
     cu_seqlens_q: torch.Tensor,
     seqused_k: torch.Tensor,
     page_table: torch.Tensor,
     l2_section_bytes: int | None = L2_SECTION_BYTES,
     window_left: int | None = None,
+    route: str | None = None,
 ) -> PrefillPlan:
     """Plan one step's prefill rows.
 
     Args:
         query_start_loc_cpu: [B+1] int32 CPU, prefill rows only, rebased so it starts at 0.
         seq_lens_cpu: [B] int32 CPU, k_len per request (cached prefix + q_len).
-        key, config: the layer's kernel key and configs, built once by the caller: one
-            config for every batch, or ``ServingConfigs`` to pick from by the batch's mean
-            tile cost (None: ``serving_configs(key)``, the measured defaults).
+        key, configs: the layer's kernel key and ``ServingConfigs`` (``policy.serving_configs``),
+            built once by the caller; the plan picks one by the batch's mean tile cost.
         num_kv_heads: KV heads of the layer (query heads = num_kv_heads * GQA group).
         cu_seqlens_q, seqused_k: the same lengths on the kernel's device (passed through).
         page_table: [B, max_pages] int32 on that device (a view of vLLM's block table rows).
@@ -193,6 +189,8 @@ def plan_prefill(
             (vLLM's ``sliding_window - 1``, >= 0); given iff ``key.sliding_window``. Tile
             costs (the LPT order, ``total_work`` and the config pick) count only the K/V
             tiles inside the window; ``run_prefill`` reads it from the plan.
+        route: ``select_route``'s answer for (key, configs, device), decided once by the
+            caller (the metadata builder, at startup); None: asked here (tests and tools).
     """
     if num_kv_heads <= 0:
         raise ValueError(f"num_kv_heads must be positive, got {num_kv_heads}")
@@ -242,9 +240,7 @@ def plan_prefill(
             f"too few for seq_len {max_seqlen_k}"
         )
 
-    if not isinstance(config, ServingConfigs):
-        config = serving_configs(key, config)
-    geometry = config.geometry(key)
+    geometry = configs.geometry(key)
     if geometry.tokens_per_tile < 1:
         raise ValueError(
             f"GQA group size {key.qhead_per_kvhead} exceeds the M tile ({geometry.tile_m} rows)"
@@ -274,7 +270,8 @@ def plan_prefill(
 
     return PrefillPlan(
         key=key,
-        config=config.pick(num_tiles, total_work),
+        config=configs.pick(num_tiles, total_work),
+        route=select_route(key, configs, device) if route is None else route,
         args=LaunchArgs(cu_seqlens_q, seqused_k, page_table, work_tiles),
         query_start_loc_cpu=query_start_loc_cpu,
         seq_lens_cpu=seq_lens_cpu,

@@ -1,9 +1,9 @@
 """Which route runs a plan: the compiled kernel or the fp32 PyTorch reference.
 
-Decided in ONE place, ``select_route``, once per (key, config, device, env); the choice is
+Decided in ONE place, ``select_route``, once per (key, configs, device, env); the choice is
 logged on logger ``vllm_fa4``. The metadata builder asks at startup, so a key without a kernel
-is refused before serving starts. Env ``VLLM_FA4_PREFILL_ROUTE`` (read through
-``vllm_fa4.envs``):
+is refused before serving starts, and carries the answer in every plan (``PrefillPlan.route``):
+nothing decides it per step. Env ``VLLM_FA4_PREFILL_ROUTE`` (read through ``vllm_fa4.envs``):
 
 - ``auto`` (default): the kernel where one exists; on a CUDA device without one, an error
   naming the reason (never a silent fallback to the slow reference); on a non-CUDA device
@@ -20,7 +20,8 @@ import logging
 import torch
 
 from vllm_fa4 import envs
-from vllm_fa4.kernels.config import KernelConfig, KernelKey
+from vllm_fa4.kernels.config import KernelKey
+from vllm_fa4.paged_prefill.policy import ServingConfigs
 
 logger = logging.getLogger("vllm_fa4")
 
@@ -48,31 +49,35 @@ def device_unsupported_reason(device: torch.device | str | None = None) -> str |
 
 
 def kernel_unavailable_reason(
-    key: KernelKey, config: KernelConfig, device: torch.device | str
+    key: KernelKey, configs: ServingConfigs, device: torch.device | str
 ) -> str | None:
-    """None when a compiled kernel can serve ``key`` with ``config`` on ``device``, else why not."""
+    """None when compiled kernels can serve ``key`` with every one of ``configs`` on
+    ``device``, else why not."""
     why = device_unsupported_reason(device)
     if why is not None:
         return why
-    why = key.unsupported_reason() or config.unsupported_reason(key)
+    why = key.unsupported_reason()
+    for config in configs.all:
+        why = why or config.unsupported_reason(key)
     return None if why is None else f"no kernel for {why}"
 
 
-def select_route(key: KernelKey, config: KernelConfig, device: torch.device | str) -> str:
-    """``"kernel"`` or ``"reference"`` for ``key`` on ``device``; logs once per choice.
+def select_route(key: KernelKey, configs: ServingConfigs, device: torch.device | str) -> str:
+    """``"kernel"`` or ``"reference"`` for ``key`` with ``configs`` on ``device``; logs once
+    per choice.
 
     Raises:
         ValueError: unknown ``VLLM_FA4_PREFILL_ROUTE`` value.
-        RuntimeError: no kernel is available for ``key`` and ``config`` on ``device``, with
+        RuntimeError: no kernel is available for ``key`` and ``configs`` on ``device``, with
             ``VLLM_FA4_PREFILL_ROUTE=kernel``, or with ``auto`` on a CUDA device.
     """
     device = torch.device(device)
     env = envs.prefill_route()
-    cache_key = (key, config, device, env)
+    cache_key = (key, configs, device, env)
     route = _route_cache.get(cache_key)
     if route is not None:
         return route
-    why = kernel_unavailable_reason(key, config, device)
+    why = kernel_unavailable_reason(key, configs, device)
     name = envs.PREFILL_ROUTE
     if env == "kernel":
         if why is not None:
@@ -105,7 +110,8 @@ def select_route(key: KernelKey, config: KernelConfig, device: torch.device | st
         logger.info("FA4 prefill: %s on %s -> kernel", key, device)
     elif device.type == "cuda":
         raise RuntimeError(
-            f"FA4: no prefill kernel for {key} with kernel config {config.spec!r} on {device}: "
+            f"FA4: no prefill kernel for {key} with kernel configs "
+            f"{' and '.join(repr(c.spec) for c in configs.all)} on {device}: "
             f"{why}. Use --attention-backend FLASH_ATTN for this model (or set {name}="
             "reference to run prefill on the slow fp32 PyTorch reference, for debugging only)"
         )

@@ -1,4 +1,5 @@
-"""Launch one step's prefill: validate (cheaply, no sync) and dispatch on the plan's route."""
+"""Launch one step's prefill: validate (cheaply, no sync) and run the plan's route (decided
+once, by the plan's maker: nothing here reads the environment)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from vllm_fa4.kernels.config import KernelConfig, check_features, dtype_name
 from vllm_fa4.paged_prefill.layout import KvCacheLayout, fit_config, kv_views_problem
 from vllm_fa4.paged_prefill.plan import PrefillPlan
 from vllm_fa4.paged_prefill.reference import paged_attention_reference
-from vllm_fa4.paged_prefill.route import select_route
 
 logger = logging.getLogger("vllm_fa4")
 _said: set[str] = set()  # layout messages already logged (each once per process)
@@ -93,11 +93,11 @@ def run_prefill(
     if plan.num_tiles == 0:
         return  # no query rows
 
-    if select_route(plan.key, plan.config, plan.device) == "kernel":
+    if plan.route == "kernel":
         config = _config_for_views(plan, k_cache, v_cache)
         if config is not None:
             # Imported here: the CuTe-DSL import costs ~2 s and CPU-only users never need it.
-            from vllm_fa4.kernels.compile import prefill_forward
+            from vllm_fa4.kernels.launch import prefill_forward
 
             prefill_forward(
                 plan.key,

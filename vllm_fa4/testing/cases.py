@@ -30,6 +30,7 @@ import torch
 
 from vllm_fa4.kernels.config import KernelConfig, KernelKey
 from vllm_fa4.paged_prefill import PrefillPlan, paged_attention_reference, plan_prefill
+from vllm_fa4.paged_prefill.policy import serving_configs
 
 TABLE_SLACK = 3  # extra block-table columns beyond the longest request (entries = null block 0)
 MAX_LAYERS = 8  # cross-layer layouts: layers sharing one block stride
@@ -159,12 +160,13 @@ class PagedCase:
 
     def plan(self, config: KernelConfig | None = None, **options) -> PrefillPlan:
         """``plan_prefill`` for this case (what the metadata builder would produce; config
-        None: the key's default); ``options`` go to plan_prefill (e.g. ``l2_section_bytes``)."""
+        None: the key's serving configs, picked per batch; a config: that one for every
+        batch); ``options`` go to plan_prefill (e.g. ``l2_section_bytes``)."""
         return plan_prefill(
             self.query_start_loc_cpu,
             self.seq_lens_cpu,
             key=self.key,
-            config=config,
+            configs=serving_configs(self.key, config),
             num_kv_heads=self.num_kv_heads,
             cu_seqlens_q=self.cu_seqlens_q,
             seqused_k=self.seqused_k,
@@ -221,7 +223,7 @@ class PagedCase:
         """Our kernel on this case into ``out``, launched directly (no route or validation):
         ``plan`` from :meth:`plan`; the window is the plan's, soft cap and sinks the case's
         (the kernel takes each iff its key says so); ``q`` overrides the case's queries."""
-        from vllm_fa4.kernels.compile import prefill_forward
+        from vllm_fa4.kernels.launch import prefill_forward
 
         prefill_forward(
             plan.key,

@@ -3,7 +3,7 @@
 ``VLLM_FA4_TEST_VARIANTS``: ``all`` (every config below), or specs separated by spaces or
 ``;`` (``default``: each key's default config); unset means the process's config
 (``VLLM_FA4_VARIANT``), which when unset too is each key's default. A config None stands for
-"each key's serving configs, picked per batch" (``kernels.config.serving_configs``).
+"each key's serving configs, picked per batch" (``paged_prefill.policy.serving_configs``).
 """
 
 from __future__ import annotations
@@ -11,79 +11,46 @@ from __future__ import annotations
 import re
 
 from vllm_fa4 import envs
-from vllm_fa4.kernels.config import (
-    LONG_BATCH_MIN_PAGE,
-    SUPPORTED_HEAD_DIMS,
-    KernelConfig,
-    KernelKey,
-    serving_configs,
-)
+from vllm_fa4.kernels.config import SUPPORTED_HEAD_DIMS, KernelConfig, KernelKey
+from vllm_fa4.paged_prefill.policy import LONG_BATCH_MIN_PAGE, configured_config, serving_configs
 
 ALL_CONFIGS = tuple(
     KernelConfig.parse(s)
     for s in (
-        "base",
-        "pingpong",
-        "overlap",
-        "overlap+pingpong",
-        "smem_epilogue",
-        "overlap+pingpong+smem_epilogue",
-        "pingpong+smem_epilogue",
-        "pingpong+max_box_n=64",
-        "page_prefetch",
-        "pingpong+page_prefetch",
-        "pingpong+kv_stages=3",
-        "overlap+pingpong+page_prefetch+kv_stages=3",
-        "persistent",
-        "smem_epilogue+persistent",
-        "overlap+pingpong+persistent",
-        "overlap+pingpong+softmax_per_arm",
-        "overlap+pingpong+persistent+softmax_per_arm",
-        "persistent+q_prefetch",
-        "overlap+pingpong+persistent+q_prefetch+softmax_per_arm",
-        # FA3's habits, measured neutral (docs/perf-notes.md, session 5): opt-in only
-        "overlap+pingpong+persistent+q_prefetch+softmax_per_arm+kv_evict_last+single_poller",
-        "pingpong+page_prefetch+kv_evict_last+single_poller",
-        # FA4's conditional rescaling (session 7)
-        "overlap+pingpong+persistent+q_prefetch+softmax_per_arm+lazy_max",
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max",
-        "lazy_max",
-        "overlap+pingpong+persistent+q_prefetch+softmax_per_arm+lazy_max+mma_wgs=3",
-        # three consumer warpgroups, 192-row tiles (head dim 64 only)
-        "overlap+pingpong+persistent+q_prefetch+softmax_per_arm+mma_wgs=3",
-        "overlap+pingpong+persistent+softmax_per_arm+mma_wgs=3",
-        # Q loaded by the producer with TMA into a two-stage ring (session 9)
-        "q_tma",
-        "persistent+q_tma",
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma",
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+mma_wgs=3",
-        # the first block's Q K^T over only the columns the tile sees (session 10)
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+narrow_diag",
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+narrow_diag+mma_wgs=3",
-        # the producer hands each tile over with its TileWork (session 10)
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work",
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+mma_wgs=3",
-        "persistent+q_tma+queue_work",
-        # V loads on the producer warpgroup's second warp (session 12)
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+v_warp",
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+v_warp+page_prefetch",
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+v_warp+mma_wgs=3",
-        # O staged in the tile's own Q stage (short batches, session 10)
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+smem_epilogue",
-        # K/V boxes over whole rows of the cache's token slots (session 13)
-        "wide_box",
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+wide_box",
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+v_warp+wide_box",
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+v_warp+page_prefetch+wide_box",
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+smem_epilogue+wide_box",
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+mma_wgs=3+wide_box",
-        # the P V wait after the first row's exponentials, O's rescale in the next turn
-        # (session 14)
-        "overlap+pingpong+softmax_per_arm+pv_wait_mid",
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+v_warp+pv_wait_mid",
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+v_warp+page_prefetch+wide_box+pv_wait_mid",
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+smem_epilogue+pv_wait_mid",
-        "overlap+pingpong+persistent+softmax_per_arm+lazy_max+q_tma+queue_work+mma_wgs=3+pv_wait_mid",
+        # the serial step (the debug baseline) with each value of the other axes
+        "one_per_cta+serial",
+        "one_per_cta+serial+q_tma",
+        "one_per_cta+serial+staged_epilogue",
+        "one_per_cta+serial+pages_ahead",
+        "one_per_cta+serial+wide_box",
+        "one_per_cta+serial+lazy_max",
+        "queue+serial",
+        "queue+serial+q_prefetch",
+        "queue+serial+q_tma",
+        "queue_with_work+serial+q_tma",
+        "queue_with_work+serial+q_tma+v_warp",
+        # the overlapped steps: every config serving picks (paged_prefill.policy)...
+        "one_per_cta+overlap",
+        "queue+overlap",
+        "queue+overlap+lazy_max",
+        "queue+overlap+q_prefetch",
+        "queue+overlap+q_prefetch+mma_wgs=3",
+        "queue_with_work+overlap+q_tma+lazy_max+mma_wgs=3",
+        "queue_with_work+pv_wait_mid+q_tma+lazy_max+mma_wgs=3",
+        "queue_with_work+pv_wait_mid+q_tma+v_warp+lazy_max",
+        "queue_with_work+pv_wait_mid+q_tma+v_warp+wide_box+pages_ahead+lazy_max",
+        "queue_with_work+pv_wait_mid+q_tma+staged_epilogue+lazy_max",
+        # ... and the steps between them (sessions 7-14, docs/perf-notes.md)
+        "one_per_cta+pv_wait_mid",
+        "queue+overlap+q_tma+lazy_max",
+        "queue+overlap+q_tma+lazy_max+mma_wgs=3",
+        "queue+overlap+mma_wgs=3",
+        "queue_with_work+overlap+q_tma+lazy_max",
+        "queue_with_work+overlap+q_tma+v_warp+lazy_max",
+        "queue_with_work+overlap+q_tma+v_warp+pages_ahead+lazy_max",
+        "queue_with_work+overlap+q_tma+v_warp+wide_box+lazy_max",
+        "queue_with_work+overlap+q_tma+staged_epilogue+lazy_max",
+        "queue_with_work+overlap+q_tma+wide_box+lazy_max+mma_wgs=3",
     )
 )
 
@@ -91,7 +58,7 @@ ALL_CONFIGS = tuple(
 def parse_configs(spec: str | None) -> tuple[KernelConfig | None, ...]:
     """``all`` | specs separated by spaces or ';' | None: the process's config."""
     if not spec:
-        return (envs.kernel_config(),)
+        return (configured_config(),)
     if spec.strip() == "all":
         return ALL_CONFIGS
     return tuple(

@@ -414,9 +414,9 @@ def test_variants_ab_run_passes_window_and_softcap(variants_ab, monkeypatch, cap
     monkeypatch.setattr(variants_ab, "make_paged_case", cpu_case)
     monkeypatch.setattr(variants_ab, "fa3_call", lambda case, out=None: lambda: None)
     monkeypatch.setattr(variants_ab, "fa3_contiguous_call", lambda case: lambda: None)
-    import vllm_fa4.kernels.compile as compile_module  # PagedCase.ours imports it per call
+    import vllm_fa4.kernels.launch as launch_module  # PagedCase.ours imports it per call
 
-    monkeypatch.setattr(compile_module, "prefill_forward", launch)
+    monkeypatch.setattr(launch_module, "prefill_forward", launch)
     monkeypatch.setattr(variants_ab, "do_bench", bench)
     variants_ab.run("tiny", specs, 16, ["default"], 2, window_left=window, softcap=30.0)
     assert seen["case"]["window_left"] == window and seen["case"]["softcap"] == 30.0
@@ -461,9 +461,9 @@ def test_variants_ab_run_takes_the_model_shape_and_sinks(variants_ab, monkeypatc
     monkeypatch.setattr(variants_ab, "make_paged_case", cpu_case)
     monkeypatch.setattr(variants_ab, "fa3_call", lambda case, out=None: lambda: None)
     monkeypatch.setattr(variants_ab, "fa3_contiguous_call", lambda case: lambda: None)
-    import vllm_fa4.kernels.compile as compile_module
+    import vllm_fa4.kernels.launch as launch_module
 
-    monkeypatch.setattr(compile_module, "prefill_forward", launch)
+    monkeypatch.setattr(launch_module, "prefill_forward", launch)
     monkeypatch.setattr(variants_ab, "do_bench", lambda fn, return_mode: (fn(), 1.0)[1])
     variants_ab.run("tiny", specs, 16, ["default"], 1, sinks=True, model="gpt-oss-20b")
     assert seen["heads"] == (64, 8, 64) and seen["case"]["sinks"] is True
@@ -777,13 +777,14 @@ def test_schedule_sim_orders_the_assignments():
 
 def test_precompile_lists_the_serving_configs_and_drops_unsupported():
     precompile = _load("precompile", ROOT / "tools" / "precompile.py")
-    from vllm_fa4.kernels.config import PERSISTENT_OVERLAP_QPF_3WG, KernelConfig
+    from vllm_fa4.kernels.config import KernelConfig
+    from vllm_fa4.paged_prefill.policy import serving_configs
 
-    two = "overlap+pingpong+persistent+softmax_per_arm"
+    two = "one_per_cta+overlap"
     args = argparse.Namespace(
         model="gpt-oss-20b",
         pages="16,128",
-        configs=f"default {two} overlap+mma_wgs=3",
+        configs=f"default {two} queue+overlap+mma_wgs=3",
         dtype="bfloat16",
         window_left=127,
         softcap=False,
@@ -796,12 +797,10 @@ def test_precompile_lists_the_serving_configs_and_drops_unsupported():
     assert all(k.head_dim == 64 and k.qhead_per_kvhead == 8 for k in keys)
     assert all(k.sliding_window and k.sinks and not k.softcap for k in keys)
     configs = {job[1] for job in jobs}
-    assert configs == {
-        PERSISTENT_OVERLAP_QPF_3WG,
-        KernelConfig.parse(two),
-        KernelConfig.parse("overlap+mma_wgs=3"),
-    }
+    (served,) = {serving_configs(key).all for key in keys}  # "default": the key's picks
+    assert configs == {*served, KernelConfig.parse(two), KernelConfig.parse("overlap+mma_wgs=3")}
+    assert len(served) == 1 and KernelConfig.parse(two) not in served
     assert len(jobs) == 2 * 3 * 2  # pages x configs x lse, no duplicates
     # a config that cannot build the key is dropped, not compiled into an error
-    args.model, args.configs = "llama-3.1-8b", "overlap+mma_wgs=3 base"
+    args.model, args.configs = "llama-3.1-8b", "overlap+mma_wgs=3 queue+overlap"
     assert {job[1] for job in precompile.jobs(args)} == {KernelConfig()}

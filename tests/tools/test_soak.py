@@ -1,6 +1,6 @@
 """CPU tests of benchmarks/soak.py (the serving soak): the load mix, the stream checks and
 cancellation, aggregation and pass rules, the report, the CLI; and the async client end to end
-against a small fake OpenAI server (tests/unit/fake_openai_server.py), in this process and as
+against a small fake OpenAI server (tests/tools/fake_openai_server.py), in this process and as
 the server process the soak starts, stops and reads the log of.
 """
 

@@ -1,0 +1,144 @@
+"""The serving policy: which kernel configs serving runs for a key, as data (host only).
+
+One table maps what of a key decides the config (head dim, sliding window, page size of 128 or
+more) to the config of long batches and the config of short ones; the plan picks between the
+two per batch (``ServingConfigs.pick``). The comment above each group of rows names the
+measurement that decided it (docs/perf-notes.md, H100 and H200, one process each). A key
+the kernel cannot build gets the default config (its route is the reference or a startup
+refusal; the plan still tiles it). ``VLLM_FA4_VARIANT`` fixes one config for every batch
+instead (``configured_config``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vllm_fa4 import envs
+from vllm_fa4.kernels.config import (
+    DEFAULT_CONFIG,
+    KernelConfig,
+    KernelKey,
+    TileGeometry,
+    tile_geometry,
+)
+
+LONG_BATCH_MIN_PAGE = 128  # pages this large run a different config for long batches
+SHORT_BATCH_MAX_BLOCKS = 16  # mean KV tiles visited per work tile (2k tokens at tile_n 128)
+
+# (head dim, sliding window, page >= LONG_BATCH_MIN_PAGE) -> (long batches, short batches)
+TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
+    # Head dim 64: three consumer warpgroups (192-row tiles) for every batch and page, where
+    # two cannot hide one's softmax under the other's GEMMs (2026-11-24: Llama-3.2-1B shape
+    # 1.00-1.17 of FA3 at pages 16 and 128, two warpgroups 0.87-1.00). Q by TMA with the tile
+    # handed over with its TileWork (sessions 9-10), lazy_max (session 7); short batches wait
+    # for P V mid-softmax (session 14: short +1.5 % and +1.9 % on the H100, +1.6 % on the
+    # H200; long page-128 batches -1.3 % and -1.6 %, so long ones keep the plain overlap).
+    (64, False, False): (
+        "queue_with_work+overlap+q_tma+lazy_max+mma_wgs=3",
+        "queue_with_work+pv_wait_mid+q_tma+lazy_max+mma_wgs=3",
+    ),
+    (64, False, True): (
+        "queue_with_work+overlap+q_tma+lazy_max+mma_wgs=3",
+        "queue_with_work+pv_wait_mid+q_tma+lazy_max+mma_wgs=3",
+    ),
+    # Head dim 64 with gpt-oss's 128-key window: Q prefetched a tile ahead (gpt-oss shape
+    # 0.93-1.10 of FA3); q_tma not measured with a window; lazy_max has nothing to skip when
+    # a row visits about two blocks (0 to -1.8 %).
+    (64, True, False): ("queue+overlap+q_prefetch+mma_wgs=3", "queue+overlap+q_prefetch+mma_wgs=3"),
+    (64, True, True): ("queue+overlap+q_prefetch+mma_wgs=3", "queue+overlap+q_prefetch+mma_wgs=3"),
+    # Head dim 128, long batches below page 128: V loaded by the producer's second warp
+    # (session 12: page 16, 4k+ tokens +0.5-0.9 %), page table read a block ahead (session
+    # 11), one TMA box per page for all of D (session 13: +0.8-1.1 %). Short batches: O
+    # staged through the tile's Q stage (session 10: 512x32-1kx16 +4-10 %, 2kx8 0 to +2.4 %;
+    # long batches -0.1 to -6 %). Both wait for P V mid-softmax (session 14, H100, 8 rounds:
+    # page-16 4k+ 1.051 -> 1.111 of FA3, short 1.110 -> 1.139; 70B at TP 8 likewise).
+    (128, False, False): (
+        "queue_with_work+pv_wait_mid+q_tma+v_warp+wide_box+pages_ahead+lazy_max",
+        "queue_with_work+pv_wait_mid+q_tma+staged_epilogue+lazy_max",
+    ),
+    # Head dim 128 at page 128: the V warp without pages ahead or wide boxes (session 12:
+    # -0.1 to +0.7 % over session 11's pages-ahead pick, which the V warp with pages ahead
+    # did not beat; wide boxes -0.6 to +0.7 %, session 13); page-128 long 1.005 -> 1.043 with
+    # the mid-softmax wait (session 14).
+    (128, False, True): (
+        "queue_with_work+pv_wait_mid+q_tma+v_warp+lazy_max",
+        "queue_with_work+pv_wait_mid+q_tma+staged_epilogue+lazy_max",
+    ),
+    # Head dim 128 with a window: the session-4 picks (q_tma and lazy_max not measured with a
+    # window). Q prefetched for short batches (2026-11-23: +1-7 %, 512x32 1.04-1.06 of FA3)
+    # and long page-128 ones (+1-5 % over one tile per CTA); long batches below page 128
+    # keep cp.async (the prefetch was 0.5-1 % behind there).
+    (128, True, False): ("queue+overlap", "queue+overlap+q_prefetch"),
+    (128, True, True): ("queue+overlap+q_prefetch", "queue+overlap+q_prefetch"),
+    # Head dim 256 below page 128: the persistent grid (H200 page 16: 0.99-1.04 of FA3, one
+    # tile per CTA 0.86-1.02); lazy_max for long batches only (512x32 lost 1.5-2.6 % with it),
+    # not with a window.
+    (256, False, False): ("queue+overlap+lazy_max", "queue+overlap"),
+    (256, True, False): ("queue+overlap", "queue+overlap"),
+    # Head dim 256 at page 128 (session 3): long batches one tile per CTA (0-3 % ahead on 16k
+    # and chunks after 64k), short ones the persistent grid (the CTA start-up paid once per
+    # SM lifts 512x32 from 0.85 to 0.99).
+    (256, False, True): ("one_per_cta+overlap", "queue+overlap"),
+    (256, True, True): ("one_per_cta+overlap", "queue+overlap"),
+}
+
+
+@dataclass(frozen=True)
+class ServingConfigs:
+    """The configs serving may launch for one key, picked per batch on the host (the plan):
+    batches whose work tiles visit on average at most ``short_max_blocks`` K/V tiles run
+    ``short``, the others ``long``. Warmup compiles every one of ``all``."""
+
+    long: KernelConfig
+    short: KernelConfig
+    short_max_blocks: int = SHORT_BATCH_MAX_BLOCKS
+
+    def __post_init__(self):
+        # The plan tiles the batch before it picks, so both must tile the same way.
+        if self.long.mma_wgs != self.short.mma_wgs:
+            raise ValueError(
+                f"serving configs {self.long.spec!r} and {self.short.spec!r} differ in "
+                "mma_wgs (the M tile): one plan cannot serve both"
+            )
+
+    def geometry(self, key: KernelKey) -> TileGeometry:
+        """The tile geometry every config here runs ``key`` with."""
+        return tile_geometry(key, self.long.mma_wgs)
+
+    def pick(self, num_tiles: int, total_work: int) -> KernelConfig:
+        """The config of a batch of ``num_tiles`` tiles visiting ``total_work`` K/V tiles."""
+        if num_tiles and total_work <= self.short_max_blocks * num_tiles:
+            return self.short
+        return self.long
+
+    @property
+    def all(self) -> tuple[KernelConfig, ...]:
+        return (self.long,) if self.short == self.long else (self.long, self.short)
+
+
+_PARSED = {row: tuple(map(KernelConfig.parse, specs)) for row, specs in TABLE.items()}
+
+
+def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> ServingConfigs:
+    """What serving runs for ``key``: ``fixed`` (VLLM_FA4_VARIANT) for every batch, else the
+    table's row of the key."""
+    if fixed is not None:
+        return ServingConfigs(long=fixed, short=fixed)
+    row = (key.head_dim, key.sliding_window, key.page_size >= LONG_BATCH_MIN_PAGE)
+    long, short = _PARSED.get(row, (DEFAULT_CONFIG, DEFAULT_CONFIG))
+    return ServingConfigs(long=long, short=short)
+
+
+def configured_config() -> KernelConfig | None:
+    """The config ``VLLM_FA4_VARIANT`` fixes for every batch, or None (the table); a spec
+    that does not parse is a startup error naming the variable."""
+    spec = envs.kernel_config_spec()
+    if spec is None:
+        return None
+    try:
+        return KernelConfig.parse(spec)
+    except ValueError as e:
+        raise ValueError(
+            f"{envs.VARIANT}={spec!r}: {e}; or {envs.SERVING_DEFAULTS!r} (the per-batch "
+            f"serving defaults, as when unset). Fix or unset {envs.VARIANT}, {envs.WAY_OUT}"
+        ) from None
