@@ -119,7 +119,7 @@ def test_test_only_flag_is_refused_for_serving(monkeypatch, vllm_config):
     monkeypatch.setenv(envs.VARIANT, "queue+count_visits")
     (reason,) = validate()
     assert "VLLM_FA4_VARIANT='queue+count_visits'" in reason
-    assert "unknown kernel config flag 'count_visits'" in reason and "FLASH_ATTN" in reason
+    assert "unknown kernel config value 'count_visits'" in reason and "FLASH_ATTN" in reason
     with pytest.raises(ValueError, match="'count_visits'.*FLASH_ATTN"):
         make_builder(vllm_config)
 
