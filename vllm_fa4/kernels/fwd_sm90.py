@@ -517,7 +517,13 @@ class Sm90PagedPrefill:
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
         tile_args = WorkList(
-            mWorkTiles, mCuSeqlensQ, mSeqUsedK, self.tokens_per_tile, self.tile_n, window_left
+            mWorkTiles,
+            mCuSeqlensQ,
+            mSeqUsedK,
+            mO.shape[0],
+            self.tokens_per_tile,
+            self.tile_n,
+            window_left,
         )
         first_tile = cute.arch.block_idx()[0]
         pipeline.pipeline_init_wait()

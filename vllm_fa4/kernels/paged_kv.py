@@ -105,6 +105,14 @@ def _issue_box(tma_atom, tXs, tXg, b, rowblk, page, stage, mbar, boxes_per_block
 
 
 @cute.jit
+def last_page_of(page_row: cute.Tensor, k_len: Int32, page_size):
+    """The request's last page-table entry: k_len's last page, and never past the table's
+    width (the device k_len is not checked against the host's, which the plan checked
+    against the table: no sync)."""
+    return cutlass.min(cutlass.max(k_len - 1, 0) // page_size, cute.size(page_row) - 1)
+
+
+@cute.jit
 def box_page(page_row, token: Int32, last_page: Int32, k_len: Int32, num_blocks: Int32, page_size):
     """The page holding `token`: the page-table read clamped to the request's last page
     (entries past it are junk and may lie past the row's end); past k_len, page num_blocks
@@ -132,7 +140,7 @@ def load_paged_tile(
     boxes_per_block=None,  # `wide_box`: boxes of box_n slots per cache block, else None
 ):
     """Issue every box of K/V tile n_block into `stage`, all on the stage's mbarrier."""
-    last_page = cutlass.max(k_len - 1, 0) // page_size
+    last_page = last_page_of(page_row, k_len, page_size)
     for b in cutlass.range_constexpr(tile_n // box_n):
         token = n_block * tile_n + b * box_n
         page = box_page(page_row, token, last_page, k_len, num_blocks, page_size)
@@ -161,7 +169,7 @@ def read_block_pages(
     if cutlass.const_expr(boxes > 1):
         box = cutlass.min(cute.arch.lane_idx(), boxes - 1)
     token = n_block * tile_n + box * box_n
-    last_page = cutlass.max(k_len - 1, 0) // page_size
+    last_page = last_page_of(page_row, k_len, page_size)
     return box_page(page_row, token, last_page, k_len, num_blocks, page_size)
 
 

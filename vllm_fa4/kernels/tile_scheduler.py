@@ -33,6 +33,7 @@ class WorkList(NamedTuple):
     work_tiles: cute.Tensor  # [num_tiles, 4] int32 (batch, kv_head, m_block, cost)
     cu_seqlens_q: cute.Tensor
     seqused_k: cute.Tensor
+    num_rows: object  # Int32: rows of out (and q), the bound on every tile's rows
     tokens_per_tile: int
     tile_n: int
     window_left: object  # Int32, or None without a window
@@ -43,6 +44,7 @@ def tile_work(
     mWorkTiles: cute.Tensor,
     mCuSeqlensQ: cute.Tensor,
     mSeqUsedK: cute.Tensor,
+    num_rows: Int32,
     tokens_per_tile: cutlass.Constexpr[int],
     tile_n: cutlass.Constexpr[int],
     window_left,  # Int32 keys left of a row's diagonal it still sees, or None (no window)
@@ -52,7 +54,10 @@ def tile_work(
     kv_head = mWorkTiles[tile_idx, 1]
     m_block = mWorkTiles[tile_idx, 2]
     q_start = mCuSeqlensQ[batch]
-    q_len = mCuSeqlensQ[batch + 1] - q_start
+    # The host checked its copy of the lengths against out's rows; the device copy is never
+    # read back (no sync), so a tile's rows are also clamped to out's: a drift between the two
+    # copies cannot write past out (one compare per tile).
+    q_len = cutlass.min(mCuSeqlensQ[batch + 1] - q_start, num_rows - q_start)
     k_len = mSeqUsedK[batch]
     first_token = m_block * tokens_per_tile
     last_token = cutlass.min(first_token + tokens_per_tile, q_len) - 1
