@@ -14,12 +14,14 @@ import torch
 
 from vllm_fa4 import BACKEND_NAME, envs
 from vllm_fa4.compat import (
+    KV_CACHE_SHAPE_FROM_BACKEND,
+    NHD_KV_CACHE_LAYOUTS,
     AttentionBackend,
     AttentionType,
     FlashAttentionBackend,
     FlashAttentionImpl,
     MultipleOf,
-    get_kv_cache_layout,
+    unsupported_kv_cache_layout,
 )
 from vllm_fa4.kernels.config import (
     SUPPORTED_HEAD_DIMS,
@@ -59,11 +61,22 @@ class FA4AttentionBackend(AttentionBackend):
         return FA4MetadataBuilder
 
     # Same cache tensor as FLASH_ATTN: decode delegates to it and reads the same memory.
-    get_kv_cache_shape = staticmethod(FlashAttentionBackend.get_kv_cache_shape)
-    get_kv_cache_stride_order = staticmethod(FlashAttentionBackend.get_kv_cache_stride_order)
+    if KV_CACHE_SHAPE_FROM_BACKEND:  # vLLM 0.26 asks the backend for shape and stride order
+        get_kv_cache_shape = staticmethod(FlashAttentionBackend.get_kv_cache_shape)
+        get_kv_cache_stride_order = staticmethod(FlashAttentionBackend.get_kv_cache_stride_order)
+    else:  # vLLM 0.33 builds it from the layer's spec and one layout all backends accept
+
+        @classmethod
+        def customize_spec(cls, spec):
+            return FlashAttentionBackend.customize_spec(spec)
+
+        @classmethod
+        def supported_kv_cache_layouts(cls):
+            return NHD_KV_CACHE_LAYOUTS
 
     @staticmethod
-    def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
+        # (the spec argument: vLLM 0.33; 0.26 calls this without one)
         return list(SUPPORTED_PAGE_SIZES)
 
     @classmethod
@@ -85,15 +98,23 @@ class FA4AttentionBackend(AttentionBackend):
         return True
 
     @classmethod
+    def supports_device_cpu_query_lens_mismatch(cls) -> bool:
+        # vLLM 0.33 (adaptive verification): the builder splits and plans from the CPU query
+        # lengths, which must match the device's.
+        return False
+
+    @classmethod
     def validate_configuration(cls, *args, **kwargs) -> list[str]:
         # vLLM's generic reasons are terse ("sliding window not supported"); say which backend
         # refused and what to use instead, so the startup error is actionable.
         reasons = [
-            _reason(r.removesuffix(" not supported")) if r.endswith("not supported") else r
+            _reason(r.removesuffix(" not supported"))
+            if r.endswith(" not supported")
+            else f"FA4: {r} ({_USE_INSTEAD})"
             for r in super().validate_configuration(*args, **kwargs)
         ]
-        layout = get_kv_cache_layout()
-        if layout != "NHD":
+        layout = unsupported_kv_cache_layout()
+        if layout is not None:
             reasons.append(_reason(f"KV cache layout {layout} (only NHD)"))
         given = inspect.signature(super().validate_configuration).bind(*args, **kwargs)
         return reasons + _environment_reasons(
