@@ -218,7 +218,11 @@ def test_request_body_and_chunks_are_vllms():
             CompletionResponseStreamChoice,
             CompletionStreamResponse,
         )
-        from vllm.entrypoints.openai.engine.protocol import PromptTokenUsageInfo, UsageInfo
+
+        try:  # vLLM 0.26
+            from vllm.entrypoints.openai.engine.protocol import PromptTokenUsageInfo, UsageInfo
+        except ImportError:  # vLLM 0.33 moved them
+            from vllm.entrypoints.serve.engine.protocol import PromptTokenUsageInfo, UsageInfo
     except ImportError as exc:
         pytest.skip(f"vLLM's OpenAI protocol not importable: {exc}")
     body = soak.request_body("configs/llama-3.1-8b", [40, 41, 42], 16)
