@@ -596,6 +596,29 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def test_fake_server_counts_a_client_gone_before_the_headers(monkeypatch):
+    """A request cancelled at once can be gone before the stream's headers are written (seen
+    under CPU load); the fake server counts it as aborted, like vLLM, with no Traceback (the
+    soak's log check would fail the FLASH_ATTN phase)."""
+    from aiohttp import web
+    from aiohttp.client_exceptions import ClientConnectionResetError
+
+    async def gone(self, request):
+        raise ClientConnectionResetError("Cannot write to closing transport")
+
+    class Request:
+        app = {fake.STATE: fake.FakeState(fake.FakeConfig())}
+
+        async def json(self):
+            return {"prompt": [1, 2, 3], "max_tokens": 4, "stream": True, "ignore_eos": True}
+
+    monkeypatch.setattr(web.StreamResponse, "prepare", gone)
+    request = Request()
+    asyncio.run(fake.completions(request))
+    state = request.app[fake.STATE]
+    assert (state.aborted, state.running, state.completed) == (1, 0, 0)
+
+
 def test_soak_main_with_a_fake_server_process(tmp_path, monkeypatch):
     """The whole cycle per backend (start, /health, warmup, load, drain, probe, log scan, stop,
     report); the FA4 'server' injects HTTP 500s (during the load, not into the probe after it)
