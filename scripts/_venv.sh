@@ -1,9 +1,11 @@
 # Shared by scripts/*.sh: make sure $VENV holds vllm-fa4 (editable) and its pinned stack.
-# Usage: VENV=.venv EXTRAS="[dev]" FRESH=0 PYTHON=python3 source scripts/_venv.sh
+# Usage: VENV=.venv EXTRAS="[dev]" FRESH=0 PYTHON=python3 VLLM_VERSION=0.26.0 source scripts/_venv.sh
+# VLLM_VERSION: 0.26.0, the version verified on the GPU, unless asked (README, Compatibility).
 # The package needs Python >= 3.11: an older one is refused before anything is made, and a
 # venv made by another Python version (e.g. an earlier run with 3.10) is rebuilt, not reused.
 # FRESH=1 rebuilds the venv whatever it holds.
 VENV="${VENV:-.venv}"
+VLLM_VERSION="${VLLM_VERSION:-0.26.0}"
 MIN_PYTHON=3.11
 
 # "X.Y.Z" of interpreter $1, or nothing when it does not run.
@@ -53,13 +55,14 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip uv
 fi
 if ! "$VENV/bin/python" -c "import vllm_fa4, vllm" 2>/dev/null || [ "${FRESH:-0}" = 1 ]; then
-  echo "== installing vllm-fa4${EXTRAS:-} into $VENV (vllm==0.26.0 with CUDA torch: ~8 GB," \
+  echo "== installing vllm-fa4${EXTRAS:-} into $VENV (vllm==$VLLM_VERSION with CUDA torch: ~8 GB," \
     "about 3 minutes)"
   # uv draws its progress bars on a terminal; elsewhere (CI logs) it prints one line per phase,
   # and the list of installed packages is left out there.
   if [ -t 2 ]; then
-    "$VENV/bin/uv" pip install -p "$VENV/bin/python" -e ".${EXTRAS:-}"
+    "$VENV/bin/uv" pip install -p "$VENV/bin/python" "vllm==$VLLM_VERSION" -e ".${EXTRAS:-}"
   else
-    "$VENV/bin/uv" pip install -p "$VENV/bin/python" -e ".${EXTRAS:-}" 2>&1 | grep -v '^ [-+~] '
+    "$VENV/bin/uv" pip install -p "$VENV/bin/python" "vllm==$VLLM_VERSION" -e ".${EXTRAS:-}" 2>&1 |
+      grep -v '^ [-+~] '
   fi
 fi

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# vLLM's own attention-backend tests as a lane for FA4: vLLM 0.26.0's
+# vLLM's own attention-backend tests as a lane for FA4: a vLLM release's
 # tests/v1/attention/test_attention_backends.py (and the helpers it imports), from the release's
-# sdist on PyPI, with tests/upstream/fa4.patch adding FA4 beside FLASH_ATTN in its backend lists.
-# Batches and tolerances are upstream's; configurations FA4 does not support are turned away by
-# vLLM's own selector (validate_configuration) inside the patched test, never skipped by hand.
+# sdist on PyPI, with tests/upstream/fa4-<version>.patch adding FA4 beside FLASH_ATTN in its
+# backend lists. Batches and tolerances are upstream's; configurations FA4 does not support are
+# turned away by vLLM's own selector (validate_configuration) inside the patched test, never
+# skipped by hand. Releases with a patch: 0.26.0 and 0.33.0.
 #
 #   tools/upstream_lane.sh prepare [--models DIR]   # network (PyPI): download, check, extract,
 #                                                   # patch -> .upstream-lane/ (git-ignored)
@@ -13,18 +14,15 @@
 # prepare writes everything `run` needs under .upstream-lane/ (a few hundred KB): carry that
 # folder to the offline GPU machine. --models DIR copies DIR/ORG/NAME/config.json trees (the
 # sliding-window and encoder tests' models) next to the Llama-3-8B config kept in the repo.
-# Environment: PY (default .venv/bin/python if present, else python3); FA4_LANE_BACKENDS (the
-# backends each comparison runs: default FLASH_ATTN,FA4; "all" = upstream's list plus FA4);
-# FA4_LANE_K (pytest -k, default "backend_correctness": the four correctness tests; "" = all).
+# Environment: PY (default .venv/bin/python if present, else python3); FA4_LANE_VLLM (the
+# release whose tests prepare fetches; default: the vLLM installed for PY); FA4_LANE_BACKENDS
+# (the backends each comparison runs: default FLASH_ATTN,FA4; "all" = upstream's list plus
+# FA4); FA4_LANE_K (pytest -k, default "backend_correctness": the four correctness tests;
+# "" = all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 LANE=${FA4_LANE_DIR:-$REPO/.upstream-lane}
-PATCH=$REPO/tests/upstream/fa4.patch
-VLLM_VERSION=0.26.0
-SDIST=vllm-$VLLM_VERSION.tar.gz
-SDIST_URL=https://files.pythonhosted.org/packages/cd/72/fa30f8459d11ae206f1a20bd0ac7ed1b9e390b695fa3dfc9ef6056de0cfe/$SDIST
-SDIST_SHA256=23e9fa19d7e20ce7dcc1c074d41503e2116d23f19e688f5d5ea91b741f958502
 FILES=(
   tests/__init__.py
   tests/v1/__init__.py
@@ -38,6 +36,27 @@ if [ -z "${PY:-}" ]; then
 fi
 
 die() { echo "upstream_lane: $*" >&2; exit 1; }
+
+installed_vllm() { "$PY" -c "import vllm; print(vllm.__version__)" 2>/dev/null; }
+
+if [ -f "$LANE/MANIFEST" ] && [ "${1:-}" != prepare ]; then  # the release prepare fetched
+  VLLM_VERSION=$(sed -n 's/^vllm \([^ ]*\) sdist .*/\1/p' "$LANE/MANIFEST")
+else
+  VLLM_VERSION=${FA4_LANE_VLLM:-$(installed_vllm || echo 0.26.0)}
+fi
+case $VLLM_VERSION in
+  0.26.0)
+    SDIST_URL=https://files.pythonhosted.org/packages/cd/72/fa30f8459d11ae206f1a20bd0ac7ed1b9e390b695fa3dfc9ef6056de0cfe/vllm-0.26.0.tar.gz
+    SDIST_SHA256=23e9fa19d7e20ce7dcc1c074d41503e2116d23f19e688f5d5ea91b741f958502
+    ;;
+  0.33.0)
+    SDIST_URL=https://files.pythonhosted.org/packages/f7/25/aa5684e9c59d6fc75f78926b7f15e8d9adc7de2d9e6e7575b80776ad8169/vllm-0.33.0.tar.gz
+    SDIST_SHA256=f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112
+    ;;
+  *) die "no patch for vLLM $VLLM_VERSION's tests (have 0.26.0, 0.33.0); set FA4_LANE_VLLM" ;;
+esac
+SDIST=vllm-$VLLM_VERSION.tar.gz
+PATCH=$REPO/tests/upstream/fa4-$VLLM_VERSION.patch
 
 patch_sum() { sha256sum "$PATCH" "$REPO/tests/upstream/lane_conftest.py" | sha256sum | cut -c1-16; }
 
@@ -81,7 +100,7 @@ prepare() {
     mkdir -p "$LANE/$(dirname "$f")"
     cp "$tmp/vllm-$VLLM_VERSION/$f" "$LANE/$f"
   done
-  patch -s -p1 -d "$LANE" --no-backup-if-mismatch < "$PATCH" || die "fa4.patch does not apply"
+  patch -s -p1 -d "$LANE" --no-backup-if-mismatch < "$PATCH" || die "$(basename "$PATCH") does not apply"
   cp "$REPO/tests/upstream/lane_conftest.py" "$LANE/tests/v1/attention/conftest.py"
   cp -r "$REPO/tests/upstream/models/." "$LANE/"
   rm -f "$LANE/README.md"

@@ -14,13 +14,15 @@ import torch
 
 from vllm_fa4 import BACKEND_NAME, envs
 from vllm_fa4.compat import (
+    KV_CACHE_SHAPE_FROM_BACKEND,
+    NHD_KV_CACHE_LAYOUTS,
     AttentionBackend,
     AttentionType,
     FlashAttentionBackend,
     FlashAttentionImpl,
     MultipleOf,
     current_platform,
-    get_kv_cache_layout,
+    unsupported_kv_cache_layout,
 )
 from vllm_fa4.kernels.config import (
     SUPPORTED_HEAD_DIMS,
@@ -62,11 +64,22 @@ class FA4AttentionBackend(AttentionBackend):
         return FA4MetadataBuilder
 
     # Same cache tensor as FLASH_ATTN: decode delegates to it and reads the same memory.
-    get_kv_cache_shape = staticmethod(FlashAttentionBackend.get_kv_cache_shape)
-    get_kv_cache_stride_order = staticmethod(FlashAttentionBackend.get_kv_cache_stride_order)
+    if KV_CACHE_SHAPE_FROM_BACKEND:  # vLLM 0.26 asks the backend for shape and stride order
+        get_kv_cache_shape = staticmethod(FlashAttentionBackend.get_kv_cache_shape)
+        get_kv_cache_stride_order = staticmethod(FlashAttentionBackend.get_kv_cache_stride_order)
+    else:  # vLLM 0.33 builds it from the layer's spec and one layout all backends accept
+
+        @classmethod
+        def customize_spec(cls, spec):
+            return FlashAttentionBackend.customize_spec(spec)
+
+        @classmethod
+        def supported_kv_cache_layouts(cls):
+            return NHD_KV_CACHE_LAYOUTS
 
     @staticmethod
-    def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
+        # (the spec argument: vLLM 0.33; 0.26 calls this without one)
         return list(SUPPORTED_PAGE_SIZES)
 
     @classmethod
@@ -88,13 +101,19 @@ class FA4AttentionBackend(AttentionBackend):
         return True
 
     @classmethod
+    def supports_device_cpu_query_lens_mismatch(cls) -> bool:
+        # vLLM 0.33 (adaptive verification): the builder splits and plans from the CPU query
+        # lengths, which must match the device's.
+        return False
+
+    @classmethod
     def validate_configuration(cls, *args, **kwargs) -> list[str]:
         # vLLM's generic reasons are terse ("kv_cache_dtype not supported"); say which backend
         # refused, the value it got and what to use instead, so the startup error is actionable.
         given = inspect.signature(super().validate_configuration).bind(*args, **kwargs).arguments
         reasons = [_named_reason(r, given) for r in super().validate_configuration(*args, **kwargs)]
-        layout = get_kv_cache_layout()
-        if layout != "NHD":
+        layout = unsupported_kv_cache_layout()
+        if layout is not None:
             reasons.append(_reason(f"KV cache layout {layout} (only NHD)"))
         dtype, kv_cache_dtype = given["dtype"], given["kv_cache_dtype"]
         if kv_cache_dtype in ("float16", "bfloat16") and kv_cache_dtype != dtype_name(dtype):
@@ -130,9 +149,9 @@ def _named_reason(generic: str, given: dict) -> str:
     }.get(generic)
     if named is not None:
         return _reason(*named)
-    if generic.endswith("not supported"):
+    if generic.endswith(" not supported"):
         return _reason(generic.removesuffix(" not supported"))
-    return generic
+    return f"FA4: {generic} ({_USE_INSTEAD})"
 
 
 def _listed(values) -> str:

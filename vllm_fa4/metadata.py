@@ -168,7 +168,7 @@ class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
         )
 
     def use_cascade_attention(self, *args, **kwargs) -> bool:
-        return False
+        return False  # vLLM 0.26 asks; 0.33 has no cascade attention
 
 
 def group_features(vllm_config, layer_names, kv_cache_spec) -> ModelFeatures:

@@ -4,10 +4,10 @@ streaming /v1/completions that answers like vLLM's (one chunk per token, finish_
 
 "Prefill" sleeps in proportion to the prompt tokens not found in its prefix cache (16-token
 blocks, chained hashes, as vLLM's); each token then takes `token_delay_s`. A client that goes
-away is noticed at the next write and counted in `aborted`. Faults on request: every Nth
-request answers HTTP 500 (`fail_every`), ends its stream without `[DONE]` (`truncate_every`),
-or sends an error chunk (`error_every`), among the first `faults_until` requests (0: all);
-`traceback_at` prints a Traceback to stderr once.
+away is noticed at the next write (the headers' too) and counted in `aborted`. Faults on
+request: every Nth request answers HTTP 500 (`fail_every`), ends its stream without `[DONE]`
+(`truncate_every`), or sends an error chunk (`error_every`), among the first `faults_until`
+requests (0: all); `traceback_at` prints a Traceback to stderr once.
 
 In-process: `start(FakeConfig(...))` in a running loop -> (state, port, runner). As a process
 (the soak's --server-command): `python fake_openai_server.py --port N [--fail-every N ...]`.
@@ -101,9 +101,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     st.hits += cached
     st.blocks.update(hashes)
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await resp.prepare(request)
     st.running += 1
     try:
+        await resp.prepare(request)  # a client cancelled at once may be gone already
         await asyncio.sleep(cfg.prefill_base_s + cfg.prefill_per_token_s * (len(prompt) - cached))
         for i in range(max_tokens):
             if faulty and cfg.error_every and n % cfg.error_every == 0 and i == 1:

@@ -218,7 +218,11 @@ def test_request_body_and_chunks_are_vllms():
             CompletionResponseStreamChoice,
             CompletionStreamResponse,
         )
-        from vllm.entrypoints.openai.engine.protocol import PromptTokenUsageInfo, UsageInfo
+
+        try:  # vLLM 0.26
+            from vllm.entrypoints.openai.engine.protocol import PromptTokenUsageInfo, UsageInfo
+        except ImportError:  # vLLM 0.33 moved them
+            from vllm.entrypoints.serve.engine.protocol import PromptTokenUsageInfo, UsageInfo
     except ImportError as exc:
         pytest.skip(f"vLLM's OpenAI protocol not importable: {exc}")
     body = soak.request_body("configs/llama-3.1-8b", [40, 41, 42], 16)
@@ -590,6 +594,29 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def test_fake_server_counts_a_client_gone_before_the_headers(monkeypatch):
+    """A request cancelled at once can be gone before the stream's headers are written (seen
+    under CPU load); the fake server counts it as aborted, like vLLM, with no Traceback (the
+    soak's log check would fail the FLASH_ATTN phase)."""
+    from aiohttp import web
+    from aiohttp.client_exceptions import ClientConnectionResetError
+
+    async def gone(self, request):
+        raise ClientConnectionResetError("Cannot write to closing transport")
+
+    class Request:
+        app = {fake.STATE: fake.FakeState(fake.FakeConfig())}
+
+        async def json(self):
+            return {"prompt": [1, 2, 3], "max_tokens": 4, "stream": True, "ignore_eos": True}
+
+    monkeypatch.setattr(web.StreamResponse, "prepare", gone)
+    request = Request()
+    asyncio.run(fake.completions(request))
+    state = request.app[fake.STATE]
+    assert (state.aborted, state.running, state.completed) == (1, 0, 0)
 
 
 def test_soak_main_with_a_fake_server_process(tmp_path, monkeypatch):

@@ -1,5 +1,7 @@
 """Capability checks: what FA4 accepts, and the startup reasons it gives for what it refuses."""
 
+import inspect
+
 import pytest
 import torch
 
@@ -11,6 +13,11 @@ from vllm.platforms.interface import DeviceCapability  # noqa: E402
 from vllm.v1.attention.backend import AttentionType  # noqa: E402
 
 from vllm_fa4.backend import FA4AttentionBackend, FA4AttentionImpl  # noqa: E402
+from vllm_fa4.compat import (  # noqa: E402
+    KV_CACHE_SHAPE_FROM_BACKEND,
+    AttentionBackend,
+    FlashAttentionBackend,
+)
 from vllm_fa4.kernels.config import ModelFeatures  # noqa: E402
 
 HOPPER = DeviceCapability(9, 0)
@@ -36,6 +43,19 @@ def _config(vllm_config):
 
 def reasons(**changes):
     return FA4AttentionBackend.validate_configuration(**{**GOOD, **changes})
+
+
+_SELECTOR_ASKS = inspect.signature(AttentionBackend.validate_configuration).parameters
+
+
+def asked_by_selector(changes, words):
+    """A refusal case for a question only some vLLM versions' selector asks (0.33 added
+    use_dcp, use_rswa and use_adaptive_verification); skipped where it is not asked."""
+    (kwarg,) = changes
+    missing = pytest.mark.skipif(
+        kwarg not in _SELECTOR_ASKS, reason=f"this vLLM's backend selector has no {kwarg}"
+    )
+    return pytest.param(changes, words, marks=missing, id=kwarg)
 
 
 def test_name_matches_enum_member():
@@ -73,6 +93,9 @@ def test_supported_configurations_pass(head_size, dtype, block_size):
         (dict(use_batch_invariant=True), "batch invariance"),
         (dict(kv_cache_dtype="float16"), "kv_cache_dtype float16 with model dtype bfloat16"),
         (dict(dtype=torch.float16, kv_cache_dtype="bfloat16"), "with model dtype float16"),
+        asked_by_selector(dict(use_dcp=True), "DCP"),
+        asked_by_selector(dict(use_rswa=True), "R-SWA"),
+        asked_by_selector(dict(use_adaptive_verification=True), "adaptive verification"),
     ],
 )
 def test_rejections_name_the_feature_and_the_alternative(changes, words):
@@ -104,8 +127,63 @@ def test_gpu_other_than_sm90_is_refused_naming_the_gpu(monkeypatch):
     assert "found a GPU with compute capability 12.0" in reason
 
 
+@pytest.mark.skipif(not KV_CACHE_SHAPE_FROM_BACKEND, reason="vLLM 0.26's shape hooks")
 def test_kv_cache_shape_is_flash_attn_layout():
     assert FA4AttentionBackend.get_kv_cache_shape(10, 16, 8, 128) == (10, 8, 16, 256)
+    for with_layers in (False, True):
+        assert FA4AttentionBackend.get_kv_cache_stride_order(
+            with_layers
+        ) == FlashAttentionBackend.get_kv_cache_stride_order(with_layers)
+
+
+@pytest.mark.skipif(KV_CACHE_SHAPE_FROM_BACKEND, reason="vLLM 0.33's spec and layout hooks")
+def test_kv_cache_spec_and_layout_are_flash_attn_defaults():
+    from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype=torch.bfloat16)
+    assert FA4AttentionBackend.customize_spec(spec) == FlashAttentionBackend.customize_spec(spec)
+    # vLLM resolves one layout for all backends of a model: with FA4 alone, or beside
+    # FLASH_ATTN (a model with layers on both), it is the one FLASH_ATTN gets by itself.
+    alone = get_supported_kv_cache_layouts([FlashAttentionBackend])[0]
+    assert get_supported_kv_cache_layouts([FA4AttentionBackend])[0] == alone
+    assert get_supported_kv_cache_layouts([FlashAttentionBackend, FA4AttentionBackend])[0] == alone
+    for layout in FA4AttentionBackend.supported_kv_cache_layouts():  # all NHD per layer
+        assert layout.layer_view_order == (0, 2, 1, 3), layout
+
+
+@pytest.fixture
+def kv_cache_layout(monkeypatch):
+    """Sets VLLM_KV_CACHE_LAYOUT; skips a layout name this vLLM does not have (0.26: NHD, HND)."""
+    from vllm.v1.attention.backends import utils
+
+    from vllm_fa4.compat import NHD_KV_CACHE_LAYOUTS
+
+    cached_lookup = getattr(utils, "get_kv_cache_layout", None)  # vLLM 0.26 caches its answer
+
+    def set_layout(name):
+        if name not in ("NHD", "HND") and NHD_KV_CACHE_LAYOUTS is None:
+            pytest.skip(f"this vLLM has no KV cache layout {name}")
+        monkeypatch.setenv("VLLM_KV_CACHE_LAYOUT", name)
+        if cached_lookup is not None:
+            cached_lookup.cache_clear()
+
+    yield set_layout
+    if cached_lookup is not None:
+        cached_lookup.cache_clear()
+
+
+@pytest.mark.parametrize("layout", ["HND", "LBHNC", "BLHNC"])
+def test_kv_cache_layout_other_than_nhd_is_refused(kv_cache_layout, layout):
+    kv_cache_layout(layout)
+    (found,) = reasons()
+    assert f"KV cache layout {layout}" in found and "FLASH_ATTN" in found
+
+
+@pytest.mark.parametrize("layout", ["NHD", "LBNHC", "BLNHC"])
+def test_nhd_kv_cache_layouts_pass(kv_cache_layout, layout):
+    kv_cache_layout(layout)
+    assert reasons() == []
 
 
 IMPL_ARGS = dict(

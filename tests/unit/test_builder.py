@@ -180,7 +180,8 @@ def _register_layers(vllm_config, features_by_name):
 
     class _Layer(AttentionLayerBase):
         def __init__(self, features):
-            self.impl = SimpleNamespace(model_features=features)
+            # (vLLM 0.33's FA3 builder reads the head count off the layers' impls)
+            self.impl = SimpleNamespace(model_features=features, num_heads=HQ)
 
         def get_attn_backend(self):
             raise NotImplementedError

@@ -1,5 +1,6 @@
 """conftest.py of the vLLM backend-tests lane (``tools/upstream_lane.sh`` copies it next to vLLM
-0.26.0's ``tests/v1/attention/test_attention_backends.py``; not a conftest of this repo).
+0.26.0's or 0.33.0's ``tests/v1/attention/test_attention_backends.py``; not a conftest of this
+repo).
 
 - The bits of vLLM's own ``tests/conftest.py`` that the test file uses: the fixture
   ``default_vllm_config`` and the autouse cleanup, verbatim in effect, without that conftest's
@@ -32,7 +33,8 @@ DEFAULT_BACKENDS = "FLASH_ATTN,FA4"
 
 @pytest.fixture
 def default_vllm_config():
-    """vLLM 0.26.0 tests/conftest.py: a default VllmConfig for code that reads the current one."""
+    """vLLM's tests/conftest.py (0.26.0 and 0.33.0 alike): a default VllmConfig for code that
+    reads the current one."""
     from vllm.config import VllmConfig, set_current_vllm_config
 
     config = VllmConfig()
@@ -42,7 +44,8 @@ def default_vllm_config():
 
 @pytest.fixture(autouse=True)
 def cleanup_fixture():
-    """vLLM 0.26.0 tests/conftest.py: global cleanup after every test."""
+    """vLLM's tests/conftest.py: global cleanup after every test (0.33.0 skips it for tests
+    marked skip_global_cleanup, which the lane's test file has none of)."""
     yield
     from vllm.distributed import cleanup_dist_env_and_memory
 
