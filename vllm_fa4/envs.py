@@ -101,4 +101,7 @@ def default_cute_dsl_env() -> None:
     """
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     with contextlib.suppress(RuntimeError):  # no home directory: cutlass keeps its default
-        os.environ.setdefault("CUTE_DSL_CACHE_DIR", str(kernel_cache_dir() / "cute_dsl"))
+        # Each DSL of the family reads its own prefix: nvidia-cutlass-dsl 4.8 also makes a
+        # CUTE_EXPERIMENTAL_DSL at import, whose cache would land in $TMPDIR/$USER again.
+        for prefix in ("CUTE_DSL", "CUTE_EXPERIMENTAL_DSL"):
+            os.environ.setdefault(f"{prefix}_CACHE_DIR", str(kernel_cache_dir() / prefix.lower()))

@@ -479,6 +479,16 @@ def _flash_attn(vllm_config, case, cm, q, k, v, buffer, slot_mapping, out):
     return True
 
 
+def _cpu_copies_this_vllm_has(**copies) -> dict:
+    """The CPU copies vLLM 0.26's runner sets on CommonAttentionMetadata (gone in 0.33)."""
+    import dataclasses
+
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    names = {f.name for f in dataclasses.fields(CommonAttentionMetadata)}
+    return {name: value for name, value in copies.items() if name in names}
+
+
 def _run_backend_level(b: fuzz.Batch, config, ctx) -> dict:
     from vllm.config import set_current_vllm_config
     from vllm.v1.attention.backend import CommonAttentionMetadata
@@ -520,8 +530,10 @@ def _run_backend_level(b: fuzz.Batch, config, ctx) -> dict:
         slot_mapping=slot_mapping,
         causal=True,
         seq_lens_cpu_upper_bound=case.seq_lens_cpu,
-        _seq_lens_cpu=case.seq_lens_cpu,
-        _num_computed_tokens_cpu=case.seq_lens_cpu - torch.tensor(q_lens, dtype=torch.int32),
+        **_cpu_copies_this_vllm_has(
+            _seq_lens_cpu=case.seq_lens_cpu,
+            _num_computed_tokens_cpu=case.seq_lens_cpu - torch.tensor(q_lens, dtype=torch.int32),
+        ),
     )
     vllm_config = ctx.vllm_config(s, b.spec_tokens)
     cu = [int(x) for x in qsl.tolist()]

@@ -653,7 +653,9 @@ def test_cutlass_ir_cache_is_kept_out_of_tmp(tmp_path):
     tmpdir, cache = tmp_path / "tmp", tmp_path / "kernels"
     tmpdir.mkdir()
     env = subprocess_env(
-        drop=("CUTE_DSL_CACHE_DIR",), TMPDIR=str(tmpdir), **{envs.CACHE_DIR: str(cache)}
+        drop=("CUTE_DSL_CACHE_DIR", "CUTE_EXPERIMENTAL_DSL_CACHE_DIR"),
+        TMPDIR=str(tmpdir),
+        **{envs.CACHE_DIR: str(cache)},
     )
     script = (
         "import vllm_fa4.kernels.compile\n"
