@@ -2,7 +2,7 @@
 
     ncu --clock-control none --profile-from-start off -k regex:"Sm90PagedPrefill|FlashAttnFwd" \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
-        python benchmarks/profile_case.py --case 8kx2 --page 128 --contenders "base base@l2=32"
+        python benchmarks/profile_case.py --case 8kx2 --page 128 --contenders "default default@l2=32"
 
 Contenders as in variants_ab.py (config spec, optional ``@l2=MiB``); FA3 (vLLM's build) is
 always launched last on the same inputs. Every contender is warmed up (compiled) first, and
@@ -22,7 +22,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--case", default="8kx2", choices=list(CASES))
     ap.add_argument("--page", type=int, default=128)
-    ap.add_argument("--contenders", default="base")
+    ap.add_argument("--contenders", default="default")
     ap.add_argument("--model", default=DEFAULT_MODEL, choices=list(MODELS))
     args = ap.parse_args()
     shape = MODELS[args.model]

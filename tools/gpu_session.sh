@@ -65,7 +65,7 @@ throughput_check() {
 }
 
 variant_tests() {  # the opt-in kernel variants on the bf16 hd 64/128 keys + edge cases
-  VLLM_FA4_TEST_VARIANTS="${VARIANTS:-pagepf stages3}" $PY -m pytest tests/gpu/test_kernel.py \
+  VLLM_FA4_TEST_VARIANTS="${VARIANTS:-one_per_cta+serial queue+overlap}" $PY -m pytest tests/gpu/test_kernel.py \
     -q -p no:cacheprovider -n 4 -k "${VARIANT_TESTS_K-not 256 and not dtype1 and not gqa}"
 }
 
@@ -127,13 +127,13 @@ for s in "$@"; do
       "'--extra-args=-cc.pass_config.fuse_allreduce_rms=false'" ${SERVE_ARGS:-} ;;
     ab) TAIL=80 step ab "${AB_LIMIT:-400}" $PY benchmarks/variants_ab.py --rounds "${AB_ROUNDS:-3}" \
       --pages "${AB_PAGES:-16,128}" --cases "'${AB_CASES:-4kx4,8kx2,16kx1,2k@4k x8,2k@64k}'" \
-      --variants "'${VARIANTS_AB:-base}'" ;;
+      --variants "'${VARIANTS_AB:-default}'" ;;
     ncu) TAIL=200 step ncu 400 ncu --clock-control none --profile-from-start off \
       -k "'regex:${NCU_KERNELS:-Sm90PagedPrefill|device_kernel}'" --section SpeedOfLight \
       --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
       --metrics dram__bytes_read.sum,lts__t_sector_hit_rate.pct \
       $PY benchmarks/profile_case.py --case "'${NCU_CASE:-8kx2}'" --page "${NCU_PAGE:-128}" \
-      --contenders "'${VARIANTS_AB:-base}'" ;;
+      --contenders "'${VARIANTS_AB:-default}'" ;;
     pack) tar -C "$OUT" -czf "${PACK:?}" . && ls -la "$PACK" ;;
     smollm2) TAIL=60 step smollm2 560 $PY tests/e2e/smollm2_accuracy.py --out $OUT/smollm2 ;;
     serve) TAIL=60 step serve 420 serve_check ;;
