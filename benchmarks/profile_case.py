@@ -2,7 +2,8 @@
 
     ncu --clock-control none --profile-from-start off -k regex:"Sm90PagedPrefill|FlashAttnFwd" \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
-        python benchmarks/profile_case.py --case 8kx2 --page 128 --contenders "default default@l2=32"
+        python benchmarks/profile_case.py --case 8kx2 --page 128 \
+            --contenders "default default@l2=32"
 
 Contenders as in variants_ab.py (config spec, optional ``@l2=MiB``); FA3 (vLLM's build) is
 always launched last on the same inputs. Every contender is warmed up (compiled) first, and
