@@ -25,7 +25,9 @@ from vllm_fa4.kernels.config import (
 LONG_BATCH_MIN_PAGE = 128  # pages this large run a different config for long batches
 SHORT_BATCH_MAX_BLOCKS = 16  # mean KV tiles visited per work tile (2k tokens at tile_n 128)
 
-# (head dim, sliding window, page >= LONG_BATCH_MIN_PAGE) -> (long batches, short batches)
+# (head dim, sliding window, page >= LONG_BATCH_MIN_PAGE) -> (long batches, short batches).
+# The numbers below were measured with lazy_max's old margin of 2^8; since 2026-11-26 the max
+# moves on any rise (issue 27, FA3's accuracy), 0-5.5 % slower (docs/perf-notes.md).
 TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # Head dim 64: three consumer warpgroups (192-row tiles) for every batch and page, where
     # two cannot hide one's softmax under the other's GEMMs (2026-11-24: Llama-3.2-1B shape
