@@ -99,13 +99,7 @@ def fa3_contiguous_call(case):
 
     k, v, cu_seqlens_k = contiguous_kv(case)
     out = torch.empty_like(case.q)
-    features = {}
-    if case.window_left is not None:
-        features["window_size"] = [case.window_left, 0]
-    if case.softcap is not None:
-        features["softcap"] = float(case.softcap)
-    if case.sinks is not None:
-        features["s_aux"] = case.sinks.to(torch.bfloat16).contiguous()
+    features = case.fa3_features
 
     def fn():
         return flash_attn_varlen_func(

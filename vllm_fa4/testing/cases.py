@@ -194,14 +194,6 @@ class PagedCase:
         ``s_aux=sinks`` (FA3 takes bf16 only: the case's sinks are bf16-exact)."""
         from vllm.vllm_flash_attn import flash_attn_varlen_func
 
-        features = {}
-        if self.window_left is not None:
-            features["window_size"] = [self.window_left, 0]
-        if self.softcap is not None:
-            features["softcap"] = float(self.softcap)
-        if self.sinks is not None:
-            features["s_aux"] = self.sinks.to(torch.bfloat16).contiguous()
-
         flash_attn_varlen_func(
             self.q if q is None else q,
             self.k_cache if k_cache is None else k_cache,
@@ -215,9 +207,21 @@ class PagedCase:
             block_table=self.page_table if page_table is None else page_table,
             fa_version=3,
             out=out,
-            **features,
+            **self.fa3_features,
         )
         return out
+
+    @property
+    def fa3_features(self) -> dict:
+        """The case's model features as ``flash_attn_varlen_func`` keywords."""
+        features = {}
+        if self.window_left is not None:
+            features["window_size"] = [self.window_left, 0]
+        if self.softcap is not None:
+            features["softcap"] = float(self.softcap)
+        if self.sinks is not None:
+            features["s_aux"] = self.sinks.to(torch.bfloat16).contiguous()
+        return features
 
     def ours(self, plan: PrefillPlan, out, q=None, lse=None, num_ctas=None) -> torch.Tensor:
         """Our kernel on this case into ``out``, launched directly (no route or validation):
