@@ -8,6 +8,7 @@ import torch
 
 from vllm_fa4 import compat
 from vllm_fa4.paged_prefill import split_kv_cache
+from vllm_fa4.paged_prefill.layout import kv_views_problem
 
 FIELD_GROUPS = (
     compat.PER_REQUEST_FIELDS,
@@ -128,5 +129,6 @@ def test_declared_layouts_give_views_the_kernel_reads(hkv):
             assert k.data_ptr() == fa_k.data_ptr() and v.data_ptr() == fa_v.data_ptr()
     if hkv > 1:
         (hnd_kv, *_) = views(compat.KVCacheLayout.LBHNC)
-        with pytest.raises(ValueError, match="not NHD"):
-            split_kv_cache(hnd_kv, d)
+        # an HND layer view is not refused mid-request but named (the reference route then
+        # serves it); the layouts FA4 declares never produce one
+        assert "not NHD" in kv_views_problem(*split_kv_cache(hnd_kv, d))
