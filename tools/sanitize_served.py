@@ -4,6 +4,7 @@ compute-sanitizer (memcheck, racecheck, synccheck) to watch.
 
     python tools/sanitize_served.py --precompile            # compile into the disk cache first
     compute-sanitizer --tool memcheck python tools/sanitize_served.py
+    compute-sanitizer --tool racecheck python tools/sanitize_served.py --short-only --shard 0/8
 
 The set is ``serving_configs(key).all`` over keys that make different code: head dims 64 /
 128 / 256, pages 16 and 128, both dtypes at head dim 128, the model features (window, soft
@@ -47,11 +48,11 @@ LONG = [(1500, 2600), (777, 777)]
 PAD_ELEMS = 64  # 128 bytes per block: 16-byte aligned, not a whole wide box
 
 
-def _cases(shape, seed):
+def _cases(shape, seed, batches):
     from vllm_fa4.testing.cases import make_paged_case
 
     dtype, hd, page, hq, hkv, window, cap, sinks = shape
-    for specs in (SHORT, LONG):
+    for specs in batches:
         yield make_paged_case(
             specs,
             hq,
@@ -79,7 +80,7 @@ def _padded_views(case, pad: int):
     return split_kv_cache(phys.permute(0, 2, 1, 3), case.head_dim)
 
 
-def runs():
+def runs(batches=(SHORT, LONG)):
     """(label, key, config, case, padded) for every served config on each shape."""
     from vllm_fa4.paged_prefill.layout import KvCacheLayout, fit_config
 
@@ -99,7 +100,7 @@ def runs():
         padded = KvCacheLayout.packed(page, hkv, hd, esize, (page * hkv * 2 * hd + PAD_ELEMS) * 2)
         configs = {(c, False) for c in serving_configs(key).all}
         configs |= {(fit_config(c, key, padded), True) for c in serving_configs(key).all}
-        for case in _cases(shape, seed=100 + i):
+        for case in _cases(shape, 100 + i, batches):
             for config, pad in sorted(configs, key=lambda cp: (cp[0].spec, cp[1])):
                 label = f"{dtype} hd{hd} p{page} {hq}/{hkv}"
                 label += f" w{window}" if window is not None else ""
@@ -111,13 +112,25 @@ def runs():
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--precompile", action="store_true", help="only compile into the cache")
+    ap.add_argument(
+        "--short-only", action="store_true", help="only the short batch (racecheck is slow)"
+    )
+    ap.add_argument(
+        "--shard",
+        default="0/1",
+        help="I/N: every N-th run from the I-th (racecheck: N processes side by side)",
+    )
     args = ap.parse_args(argv)
+    index, shards = (int(x) for x in args.shard.split("/"))
     os.environ["VLLM_FA4_PREFILL_ROUTE"] = "kernel"
     from vllm_fa4.kernels.compile import compile_keys
     from vllm_fa4.paged_prefill import run_prefill
 
     seen, bad, count, t0 = set(), 0, 0, time.perf_counter()
-    for label, key, config, case, pad in runs():
+    batches = (SHORT,) if args.short_only else (SHORT, LONG)
+    for n, (label, key, config, case, pad) in enumerate(runs(batches)):
+        if n % shards != index:
+            continue
         if (key, config) not in seen:
             seen.add((key, config))
             compile_keys([key], config, progress=False)
