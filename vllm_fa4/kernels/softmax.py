@@ -46,6 +46,11 @@ selp.b32 $0, 0, o, lo;
 }"""
 
 
+def _fma_column(j: int) -> bool:
+    # Plain Python (the DSL's preprocessor evaluates both sides of an `and` in jit code).
+    return EXP2_FMA_EVERY > 0 and j % EXP2_FMA_EVERY == EXP2_FMA_EVERY - 1
+
+
 @dsl_user_op
 def exp2_on_fma(x: Float32, *, loc=None, ip=None) -> Float32:
     out = llvm.inline_asm(
@@ -116,7 +121,7 @@ def _row_exps(sS, i, scale_log2, neg_shift) -> Float32:
     part = Float32(0.0)
     for j in cutlass.range_constexpr(cute.size(sS, mode=[1])):
         x = sS[i, j] * scale_log2 + neg_shift
-        if cutlass.const_expr(EXP2_FMA_EVERY and j % EXP2_FMA_EVERY == EXP2_FMA_EVERY - 1):
+        if cutlass.const_expr(_fma_column(j)):
             p = exp2_on_fma(x)
         else:
             p = cute.math.exp2(x, fastmath=True)
