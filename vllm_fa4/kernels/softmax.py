@@ -5,8 +5,6 @@ import math
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -17,46 +15,6 @@ LN_2 = math.log(2.0)
 # FA3's max error on peaky rows (issue 27; docs/perf-notes.md, 2026-11-26). Any margin above
 # 0 rounds that P.
 LAZY_MAX_MARGIN_LOG2 = 0.0
-
-
-# Issue 32's first lever: every EXP2_FMA_EVERY-th exponential of a row on the FMA pipe
-# (exp2_on_fma) instead of MUFU, which a block's 64 exponentials per row keep about half busy.
-# 0: every one on MUFU.
-EXP2_FMA_EVERY = 0
-
-# 2^x for x <= 0 without MUFU: x = n + f (n = round(x), |f| <= 1/2), 2^f by a cubic (relative
-# error 2.1e-4, under bf16's 2^-9 rounding of P), n added to the exponent bits. x < -126 (and
-# -inf: masked keys, empty rows) gives exactly 0, so an empty row's sum stays 0.
-_EXP2_FMA_PTX = """{
-.reg .f32 xc, r, j, f, p;
-.reg .b32 e, o, pb;
-.reg .pred lo;
-max.f32 xc, $1, 0fC2FE0000;
-add.rn.f32 r, xc, 0f4B400000;
-sub.rn.f32 j, r, 0f4B400000;
-sub.rn.f32 f, xc, j;
-fma.rn.f32 p, f, 0f3D60A85C, 0f3E779C1D;
-fma.rn.f32 p, p, f, 0f3F3178B6;
-fma.rn.f32 p, p, f, 0f3F7FFF42;
-shl.b32 e, r, 23;
-mov.b32 pb, p;
-add.s32 o, pb, e;
-setp.lt.f32 lo, $1, 0fC2FC0000;
-selp.b32 $0, 0, o, lo;
-}"""
-
-
-def _fma_column(j: int) -> bool:
-    # Plain Python (the DSL's preprocessor evaluates both sides of an `and` in jit code).
-    return EXP2_FMA_EVERY > 0 and j % EXP2_FMA_EVERY == EXP2_FMA_EVERY - 1
-
-
-@dsl_user_op
-def exp2_on_fma(x: Float32, *, loc=None, ip=None) -> Float32:
-    out = llvm.inline_asm(
-        T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)], _EXP2_FMA_PTX, "=f,f", loc=loc, ip=ip
-    )
-    return Float32(out)
 
 
 def acc_rows_view(acc: cute.Tensor) -> cute.Tensor:
@@ -120,11 +78,7 @@ def _row_exps(sS, i, scale_log2, neg_shift) -> Float32:
     """Row i: S -> exp2(S * scale_log2 - max * scale_log2) in place; returns the row's sum."""
     part = Float32(0.0)
     for j in cutlass.range_constexpr(cute.size(sS, mode=[1])):
-        x = sS[i, j] * scale_log2 + neg_shift
-        if cutlass.const_expr(_fma_column(j)):
-            p = exp2_on_fma(x)
-        else:
-            p = cute.math.exp2(x, fastmath=True)
+        p = cute.math.exp2(sS[i, j] * scale_log2 + neg_shift, fastmath=True)
         sS[i, j] = p
         part = part + p
     return part
