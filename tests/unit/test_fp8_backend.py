@@ -303,3 +303,26 @@ def test_builder_on_gpu_compiles_the_fp8_key_at_startup(
 def test_builder_refuses_other_one_byte_caches(vllm_config, monkeypatch, kernel_reads_fp8, name):
     with pytest.raises(NotImplementedError, match=f"kv_cache_dtype '{name}'.*FLASH_ATTN"):
         _builder(vllm_config, monkeypatch, name)
+
+
+def test_cache_write_is_flash_attns_quantizing_one(kernel_reads_fp8, monkeypatch):
+    """vLLM writes new K/V through the impl's do_kv_cache_update (FLASH_ATTN's, inherited):
+    reshape_and_cache_flash with the cache dtype name and the layer's device scales, which
+    quantizes to e4m3 (a CUDA op: recorded here)."""
+    import vllm.v1.attention.backends.flash_attn as fa
+
+    calls = []
+    # (imported there only where FA is built: on a GPU machine)
+    monkeypatch.setattr(
+        fa, "reshape_and_cache_flash", lambda *args: calls.append(args), raising=False
+    )
+    impl = FA4AttentionImpl(**IMPL_ARGS)
+    assert type(impl).do_kv_cache_update is FlashAttentionImpl.do_kv_cache_update
+    assert not FA4AttentionBackend.forward_includes_kv_cache_update
+    layer = SimpleNamespace(_k_scale=torch.tensor(0.021), _v_scale=torch.tensor(0.013))
+    kv_cache = torch.zeros(4, PAGE, HKV, 2 * D, dtype=torch.uint8).transpose(1, 2)
+    key = torch.zeros(2, HKV, D, dtype=torch.bfloat16)
+    impl.do_kv_cache_update(layer, key, key, kv_cache, torch.arange(2))
+    (args,) = calls
+    assert args[5] == "fp8" and args[6] is layer._k_scale and args[7] is layer._v_scale
+    assert args[2].shape == (4, PAGE, HKV, D) and args[2].dtype == torch.uint8
