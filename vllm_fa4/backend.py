@@ -128,7 +128,7 @@ class FA4AttentionBackend(AttentionBackend):
             refused = kv_dtypes.refusal(cache_dtype, dtype, head_size, block_size)
             if refused is not None:
                 reasons.append(_reason(*refused) + " (or --kv-cache-dtype auto)")
-        return reasons + _environment_reasons(head_size, dtype, block_size)
+        return reasons + _environment_reasons(head_size, dtype, block_size, cache_dtype)
 
 
 def _named_reason(generic: str, given: dict) -> str:
@@ -181,7 +181,9 @@ def _gpu_reason(capability) -> str:
     )
 
 
-def _environment_reasons(head_size: int, dtype: torch.dtype, block_size: int | None) -> list[str]:
+def _environment_reasons(
+    head_size: int, dtype: torch.dtype, block_size: int | None, cache_dtype: str = "auto"
+) -> list[str]:
     """Startup errors from the package's environment, at backend selection (before weights
     load): a misspelt VLLM_FA4_VARIANT or VLLM_FA4_PREFILL_ROUTE (the message lists the valid
     spellings), or a kernel config that cannot build this head dim. The builder checks the
@@ -195,7 +197,8 @@ def _environment_reasons(head_size: int, dtype: torch.dtype, block_size: int | N
         config = configured_config()
     except ValueError as e:
         reasons.append(f"FA4: {e}")
-    key = KernelKey(dtype_name(dtype), head_size, block_size or 16, 1)
+    kv_dtype = kv_dtypes.key_kv_dtype(cache_dtype)
+    key = KernelKey.for_layer(dtype, head_size, block_size or 16, 1, 1, kv_dtype=kv_dtype)
     if reasons or route == "reference" or key.unsupported_reason() is not None:
         return reasons  # no kernel wanted, or the key is refused by vLLM's generic checks
     for candidate in serving_configs(key, config).all:
