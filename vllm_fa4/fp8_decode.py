@@ -22,9 +22,11 @@ class DecodeQueryQuant:
     """Q of the decode rows as vLLM's Attention layer quantizes it for FLASH_ATTN."""
 
     def __init__(self) -> None:
-        # A vLLM CustomOp: built while vLLM's config is current (the impl's construction),
-        # so it dispatches as the layer's own would (CUDA kernel or torch ops).
-        self._quant = QuantFP8(static=True, group_shape=GroupShape.PER_TENSOR)
+        # A vLLM CustomOp built while vLLM's config is current (the impl's construction): the
+        # CUDA kernel where the config enables it, as the layer's own; else the same torch ops
+        # (x * (1 / scale), clamp, round), run eagerly: compile_native would torch.compile
+        # them lazily at the first decode (and again per new 0/1 size), i.e. while serving.
+        self._quant = QuantFP8(static=True, group_shape=GroupShape.PER_TENSOR, compile_native=False)
 
     def __call__(self, layer: torch.nn.Module, query: torch.Tensor) -> torch.Tensor:
         """``query`` [tokens, Hq, D] (16-bit) -> the same shape in FP8, divided by the

@@ -300,7 +300,8 @@ def test_backend_with_fp8_cache(fp8_vllm_config, monkeypatch, seed, route):
         decodes = decode_slice(cm, md.num_decodes, nd)
         only_decodes, _ = flash.forward(decodes, q[:nd], vllm_view(cache_fa3))
         # (NaN included: FA3 may read an unused slot's NaN, flash-attention #2374)
-        assert torch.equal(out_fa4[:nd].view(torch.int16), only_decodes.view(torch.int16))
+        same = torch.equal(out_fa4[:nd].view(torch.int16), only_decodes.view(torch.int16))
+        assert same, "decode rows differ from FLASH_ATTN's (Q quantization: fp8_decode.py)"
     if md.prefill is not None:
         lowp, _ = case.reference(compute_dtype=torch.bfloat16)
         rows = slice(nd, None)
