@@ -64,8 +64,14 @@ def _clean(monkeypatch, vllm_config):
 
 @pytest.fixture
 def kernel_reads_fp8(monkeypatch):
-    """The kernel side's switch, on (what this project's FP8 kernel will say)."""
+    """The kernel side's switch (route.kernel_reads_fp8), on: the FP8 kernel is there."""
     monkeypatch.setattr(route_mod, "kernel_reads_fp8", lambda key: True)
+
+
+@pytest.fixture
+def no_fp8_kernel(monkeypatch):
+    """The switch off (as before the FP8 kernel, or for a key it does not read)."""
+    monkeypatch.setattr(route_mod, "kernel_reads_fp8", lambda key: False)
 
 
 def reasons(**changes):
@@ -75,15 +81,8 @@ def reasons(**changes):
 # ---- backend selection ------------------------------------------------------------------------
 
 
-def test_kernel_switch_is_off_until_the_kernel_lands():
-    """The switch the kernel side flips (route.kernel_reads_fp8); this test flips with it."""
-    from vllm_fa4.kernels.config import KernelKey
-
-    assert route_mod.kernel_reads_fp8(KernelKey("bfloat16", 128, 16, 4, kv_dtype=FP8_E4M3)) is False
-
-
 @pytest.mark.parametrize("name", ["fp8", "fp8_e4m3"])
-def test_fp8_is_refused_while_the_kernel_does_not_read_it(name):
+def test_fp8_is_refused_while_the_kernel_does_not_read_it(no_fp8_kernel, name):
     (reason,) = reasons(kv_cache_dtype=name)
     assert f"kv_cache_dtype {name!r} at head size 128" in reason
     assert "does not read an FP8 cache" in reason and "FLASH_ATTN" in reason
@@ -95,7 +94,7 @@ def test_fp8_is_accepted_where_the_kernel_reads_it(kernel_reads_fp8, name):
     assert reasons(kv_cache_dtype=name, head_size=64, block_size=128) == []
 
 
-def test_fp8_runs_on_the_reference_only_when_asked_for(monkeypatch):
+def test_fp8_runs_on_the_reference_only_when_asked_for(no_fp8_kernel, monkeypatch):
     monkeypatch.setenv(envs.PREFILL_ROUTE, "reference")
     assert reasons() == []
 
@@ -135,7 +134,7 @@ def test_impl_refuses_other_quantized_caches(kernel_reads_fp8, name):
         FA4AttentionImpl(**{**IMPL_ARGS, "kv_cache_dtype": name})
 
 
-def test_impl_refuses_fp8_while_the_kernel_does_not_read_it():
+def test_impl_refuses_fp8_while_the_kernel_does_not_read_it(no_fp8_kernel):
     with pytest.raises(NotImplementedError, match="does not read an FP8 cache.*FLASH_ATTN"):
         FA4AttentionImpl(**IMPL_ARGS)
 
@@ -283,7 +282,7 @@ def test_builder_keys_an_fp8_cache(vllm_config, monkeypatch, name):
 
 
 def test_builder_on_gpu_refuses_fp8_while_the_kernel_does_not_read_it(
-    vllm_config, monkeypatch, fake_hopper
+    vllm_config, monkeypatch, fake_hopper, no_fp8_kernel
 ):
     with pytest.raises(RuntimeError, match="FP8 KV cache.*FLASH_ATTN"):
         _builder(vllm_config, monkeypatch, device="cuda:0")
