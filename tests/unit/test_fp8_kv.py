@@ -179,3 +179,11 @@ def test_readme_fp8_row_says_what_the_kernel_switch_serves():
         if kernel_reads_fp8(KernelKey("bfloat16", d, 16, 4, kv_dtype=FP8_E4M3))
     ]
     assert ("not served yet" in row) == (not served), (row, served)
+
+
+def test_l2_sections_count_fp8_bytes():
+    """The plan's L2 sections budget cache bytes: an FP8 key's keys take half."""
+    from vllm_fa4.paged_prefill.plan import kv_bytes_per_token
+
+    assert kv_bytes_per_token(BF16_KEY) == 2 * 128 * 2
+    assert kv_bytes_per_token(FP8_KEY) == 2 * 128

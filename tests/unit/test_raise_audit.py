@@ -29,6 +29,7 @@ REACHABLE = {
         "_check_int32_1d",
         "build_work_tiles",
         "_l2_sections",
+        "kv_bytes_per_token",
     ],
     "paged_prefill/policy.py": ["ServingConfigs.pick"],
     "kernels/config.py": ["check_window", "check_features"],
