@@ -14,7 +14,13 @@ there too, at its first FP8 forward).
 from __future__ import annotations
 
 from vllm_fa4 import envs
-from vllm_fa4.kernels.config import FP8_E4M3, SUPPORTED_HEAD_DIMS, KernelKey, dtype_name
+from vllm_fa4.kernels.config import (
+    FP8_E4M3,
+    SUPPORTED_HEAD_DIMS,
+    SUPPORTED_PAGE_SIZES,
+    KernelKey,
+    dtype_name,
+)
 from vllm_fa4.paged_prefill import route
 
 FP8_E4M3_NAMES = ("fp8", "fp8_e4m3")
@@ -69,13 +75,21 @@ def kernel_refusal(
     ``select_route`` instead, with the group's full key)."""
     if cache_dtype not in FP8_E4M3_NAMES:
         return None
-    key = KernelKey(dtype_name(model_dtype), head_size, block_size or 16, 1, kv_dtype=FP8_E4M3)
+    page = _kernel_page(block_size or 16)
+    key = KernelKey(dtype_name(model_dtype), head_size, page, 1, kv_dtype=FP8_E4M3)
     if fp8_served(key):
         return None
     return (
         f"kv_cache_dtype {cache_dtype!r} at head size {head_size} (the prefill kernel does "
         "not read an FP8 cache yet)"
     ), None
+
+
+def _kernel_page(block_size: int) -> int:
+    """The kernel page vLLM splits a ``block_size`` block into: the largest supported page
+    that divides it (a 256-token block runs as 128-token pages)."""
+    fits = [page for page in SUPPORTED_PAGE_SIZES if block_size % page == 0]
+    return max(fits) if fits else block_size
 
 
 def fp8_served(key: KernelKey) -> bool:

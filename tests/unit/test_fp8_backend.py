@@ -94,6 +94,15 @@ def test_fp8_is_accepted_where_the_kernel_reads_it(kernel_reads_fp8, name):
     assert reasons(kv_cache_dtype=name, head_size=64, block_size=128) == []
 
 
+def test_fp8_asks_the_switch_about_the_kernel_page(monkeypatch):
+    """A 256-token block runs as 128-token kernel pages: the switch is asked about those."""
+    asked = []
+    monkeypatch.setattr(route_mod, "kernel_reads_fp8", lambda key: asked.append(key) or True)
+    assert reasons(block_size=256) == []
+    assert asked and {key.page_size for key in asked} == {128}
+    assert all(key.fp8_kv and key.head_dim == 128 for key in asked)
+
+
 def test_fp8_runs_on_the_reference_only_when_asked_for(no_fp8_kernel, monkeypatch):
     monkeypatch.setenv(envs.PREFILL_ROUTE, "reference")
     assert reasons() == []
