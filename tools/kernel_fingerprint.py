@@ -127,6 +127,7 @@ def _served_name(key, role: str) -> str:
     feats = "".join(
         f"-{name}" for name in ("sliding_window", "softcap", "sinks") if getattr(key, name)
     )
+    feats += f"-kv_{key.kv_dtype}" if key.kv_dtype else ""
     g = key.qhead_per_kvhead
     return f"{key.dtype}-hd{key.head_dim}-p{key.page_size}-g{g}{feats}-{role}"
 

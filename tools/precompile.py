@@ -56,6 +56,7 @@ def jobs(args) -> list:
             sliding_window=args.window_left is not None,
             softcap=args.softcap,
             sinks=args.sinks,
+            kv_dtype=args.kv_dtype,
         )
         for spec in args.configs.split():
             configs = serving_configs(key).all if spec == "default" else (KernelConfig.parse(spec),)
@@ -76,6 +77,9 @@ def main(argv=None) -> int:
     ap.add_argument("--window-left", type=int, default=None)
     ap.add_argument("--softcap", action="store_true", help="keys with the soft-cap flag")
     ap.add_argument("--sinks", action="store_true", help="keys with the sinks flag")
+    ap.add_argument(
+        "--kv-dtype", default=None, help="keys of an FP8 cache: float8_e4m3fn (default: dtype's)"
+    )
     ap.add_argument("--lse", choices=("no", "yes", "both"), default="no")
     ap.add_argument("-j", type=int, default=8, help="compiles at once")
     args = ap.parse_args(argv)

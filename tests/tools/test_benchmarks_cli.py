@@ -789,6 +789,7 @@ def test_precompile_lists_the_serving_configs_and_drops_unsupported():
         window_left=127,
         softcap=False,
         sinks=True,
+        kv_dtype=None,
         lse="both",
     )
     jobs = precompile.jobs(args)
@@ -804,3 +805,5 @@ def test_precompile_lists_the_serving_configs_and_drops_unsupported():
     # a config that cannot build the key is dropped, not compiled into an error
     args.model, args.configs = "llama-3.1-8b", "overlap+mma_wgs=3 queue+overlap"
     assert {job[1] for job in precompile.jobs(args)} == {KernelConfig()}
+    args.kv_dtype = "float8_e4m3fn"  # --kv-dtype: the FP8 cache's keys (issue 30)
+    assert all(job[0].fp8_kv for job in precompile.jobs(args))

@@ -29,6 +29,7 @@ REACHABLE = {
         "_check_int32_1d",
         "build_work_tiles",
         "_l2_sections",
+        "kv_bytes_per_token",
     ],
     "paged_prefill/policy.py": ["ServingConfigs.pick"],
     "kernels/config.py": ["check_window", "check_features"],
@@ -37,7 +38,9 @@ REACHABLE = {
         "FA4AttentionImpl.sinks",
         "FA4AttentionImpl._sink_weights_as",
         "FA4AttentionImpl._sinks_fp32",
+        "FA4AttentionImpl._forward_decode",
     ],
+    "fp8_decode.py": ["DecodeQueryQuant.__call__", "fa3_reads_fp8_query"],
     "paged_prefill/layout.py": [
         "split_kv_cache",
         "_canonical_strides",
@@ -47,10 +50,16 @@ REACHABLE = {
         "KvCacheLayout.unsupported_reason",
         "KvCacheLayout.fits_slot_boxes",
     ],
-    "paged_prefill/run.py": ["run_prefill", "_check_tensor", "_config_for_views", "_say_once"],
+    "paged_prefill/run.py": [
+        "run_prefill",
+        "_check_tensor",
+        "_check_kv_scales",
+        "_config_for_views",
+        "_say_once",
+    ],
     "kernels/launch.py": ["prefill_forward", "check_slot_boxes", "_sm_count", "_tile_counters"],
     "kernels/compile.py": ["get_kernel", "compile_kernel"],
-    "paged_prefill/reference.py": ["paged_attention_reference"],
+    "paged_prefill/reference.py": ["paged_attention_reference", "_dequantized"],
 }
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from vllm_fa4.kernels.config import (
     SUPPORTED_DTYPES,
     SUPPORTED_HEAD_DIMS,
+    SUPPORTED_KV_DTYPES,
     SUPPORTED_PAGE_SIZES,
     BlockStep,
     KernelConfig,
@@ -25,7 +26,7 @@ SCHEDULER_TEST = Path(__file__).resolve().parents[1] / "gpu" / "test_tile_schedu
 
 
 def _every_key():
-    for dtype, head_dim, page, group, window, softcap, sinks in itertools.product(
+    for dtype, head_dim, page, group, window, softcap, sinks, kv in itertools.product(
         SUPPORTED_DTYPES,
         SUPPORTED_HEAD_DIMS,
         SUPPORTED_PAGE_SIZES,
@@ -33,8 +34,9 @@ def _every_key():
         (False, True),
         (False, True),
         (False, True),
+        SUPPORTED_KV_DTYPES,
     ):
-        key = KernelKey(dtype, head_dim, page, group, True, window, softcap, sinks)
+        key = KernelKey(dtype, head_dim, page, group, True, window, softcap, sinks, kv)
         if key.unsupported_reason() is None:
             yield key
 

@@ -3,7 +3,8 @@
 Nothing here imports cutlass, torch or touches a GPU, so the planner (and CPU tests) can ask
 which tile a key uses without paying for the DSL import.
 
-    KernelKey      what the model fixes (dtype, head dim, page size, GQA group)
+    KernelKey      what the model fixes (dtype, head dim, page size, GQA group, features,
+                   KV cache dtype)
     KernelConfig   how the kernel is built: one typed field per axis (Tiles, BlockStep, QLoad,
                    KvBox, PageRead, Epilogue, lazy_max, mma_wgs), spelled for the environment
     TileGeometry   tile sizes derived from a key, in one place (tile_geometry)
@@ -19,6 +20,9 @@ from enum import Enum
 SUPPORTED_DTYPES = ("bfloat16", "float16")
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SUPPORTED_PAGE_SIZES = (16, 32, 64, 128)
+# KernelKey.kv_dtype: None (the cache holds the model's dtype) or an FP8 e4m3 cache (issue 30).
+FP8_E4M3 = "float8_e4m3fn"
+SUPPORTED_KV_DTYPES = (None, FP8_E4M3)
 SMEM_BYTES = 227 * 1024  # dynamic shared memory one SM90 CTA may use
 KV_STAGES = 2  # K/V pipeline depth (3 measured no faster, docs/perf-notes.md)
 
@@ -45,6 +49,9 @@ class KernelKey:
     sliding_window: bool = False  # keys left of each row's window are skipped / masked
     softcap: bool = False  # S <- cap * tanh(S / cap) before the mask (Gemma 2)
     sinks: bool = False  # one learned logit per query head joins each row's denominator
+    # The K/V cache's element type when it is not the model's (None): "float8_e4m3fn" is an
+    # FP8 cache read with per-tensor k_scale / v_scale (runtime values, like the softmax scale).
+    kv_dtype: str | None = None
 
     @classmethod
     def for_layer(
@@ -58,8 +65,10 @@ class KernelKey:
         sliding_window: bool = False,
         softcap: bool = False,
         sinks: bool = False,
+        kv_dtype=None,
     ) -> KernelKey:
-        """The key of an attention layer (``dtype`` as a torch dtype or its name)."""
+        """The key of an attention layer (``dtype`` and ``kv_dtype`` as torch dtypes or their
+        names; a ``kv_dtype`` equal to ``dtype`` is the plain 16-bit cache, None)."""
         if num_q_heads <= 0 or num_kv_heads <= 0 or num_q_heads % num_kv_heads:
             raise ValueError(
                 f"num_q_heads ({num_q_heads}) must be a positive multiple of num_kv_heads "
@@ -67,7 +76,15 @@ class KernelKey:
             )
         group = num_q_heads // num_kv_heads
         features = dict(sliding_window=sliding_window, softcap=softcap, sinks=sinks)
-        return cls(dtype_name(dtype), head_dim, page_size, group, **features)
+        name = dtype_name(dtype)
+        kv_name = None if kv_dtype is None else dtype_name(kv_dtype)
+        kv_name = None if kv_name == name else kv_name
+        return cls(name, head_dim, page_size, group, **features, kv_dtype=kv_name)
+
+    @property
+    def fp8_kv(self) -> bool:
+        """The cache is FP8 e4m3 (K/V are dequantized with k_scale / v_scale on read)."""
+        return self.kv_dtype == FP8_E4M3
 
     def unsupported_reason(self) -> str | None:
         if self.dtype not in SUPPORTED_DTYPES:
@@ -80,6 +97,8 @@ class KernelKey:
             return f"GQA group size {self.qhead_per_kvhead}"
         if not self.causal:
             return "non-causal attention"
+        if self.kv_dtype not in SUPPORTED_KV_DTYPES:
+            return f"KV cache dtype {self.kv_dtype} (supported: the model's dtype, {FP8_E4M3})"
         return None
 
 

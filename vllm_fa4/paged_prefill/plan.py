@@ -60,6 +60,12 @@ class PrefillPlan:
     window_left: int | None = None  # the sliding window (key.sliding_window), None: none
 
 
+def kv_bytes_per_token(key: KernelKey) -> int:
+    """Cache bytes of one key of one KV head, K and V: 16-bit, or 1 byte each in an FP8
+    cache (the L2 sections then hold twice the keys)."""
+    return 2 * key.head_dim * (1 if key.fp8_kv else 2)
+
+
 def _check_int32_1d(name: str, t: torch.Tensor, n: int, cpu: bool) -> None:
     if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.shape[0] != n:
         shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
@@ -251,7 +257,7 @@ def plan_prefill(
         num_kv_heads,
         geometry.tokens_per_tile,
         geometry.tile_n,
-        kv_bytes_per_token=2 * key.head_dim * 2,  # K and V, 16-bit
+        kv_bytes_per_token=kv_bytes_per_token(key),
         l2_section_bytes=l2_section_bytes,
         window_left=window_left,
     )
