@@ -51,3 +51,114 @@ def test_cache_entry_names_differ_for_fp8(tmp_path):
     cache._fingerprint = "fixed"  # the names' other half: the same for both entries
     names = {cache.entry_name((key, DEFAULT_CONFIG, False)) for key in (BF16_KEY, FP8_KEY)}
     assert len(names) == 2
+
+
+# ---- the reference route on an FP8 cache ------------------------------------------------------
+
+SPECS = [(5, 40), (0, 7), (17, 17), (1, 130), (33, 100)]  # chunks after prefixes, q_len 0
+
+
+def _fp8_case(page_size=16, dtype=torch.bfloat16, seed=3, **kw):
+    from vllm_fa4.testing.cases import make_paged_case
+
+    return make_paged_case(SPECS, 8, 2, 32, page_size, dtype, "cpu", seed=seed, fp8_kv=True, **kw)
+
+
+def _naive_dequantized(case):
+    """Dense float64 attention per request and head on the cache dequantized here, by hand:
+    each key read through the block table slot by slot, times the case's scales."""
+    hq, hkv, d = case.num_q_heads, case.num_kv_heads, case.head_dim
+    out = torch.zeros(case.num_tokens, hq, d, dtype=torch.float64)
+    cu = case.query_start_loc_cpu.tolist()
+    for b, (q_len, k_len) in enumerate(case.specs):
+        if q_len == 0:
+            continue
+        rows = [
+            case.kv_cache[int(case.block_table[b, t // case.page_size]), t % case.page_size]
+            for t in range(k_len)
+        ]
+        kv = torch.stack(rows).double()  # [k_len, Hkv, 2D]
+        k, v = kv[..., :d] * case.k_scale, kv[..., d:] * case.v_scale
+        visible = torch.arange(k_len)[None, :] <= torch.arange(q_len)[:, None] + k_len - q_len
+        for h in range(hq):
+            s = case.q[cu[b] : cu[b + 1], h].double() @ k[:, h // (hq // hkv)].T
+            s = (s * case.softmax_scale).masked_fill(~visible, float("-inf"))
+            out[cu[b] : cu[b + 1], h] = torch.softmax(s, dim=1) @ v[:, h // (hq // hkv)]
+    return out
+
+
+def test_fp8_case_is_an_e4m3_cache_with_nan_unused_slots():
+    case = _fp8_case()
+    assert (
+        case.fp8_kv and case.k_cache.dtype == torch.float8_e4m3fn and case.q.dtype == torch.bfloat16
+    )
+    assert case.key.kv_dtype == FP8_E4M3
+    assert case.k_scale != case.v_scale and case.k_scale not in (1.0, 0.5, 0.25)
+    raw = case.kv_cache.view(torch.uint8)
+    assert (raw[0] == 0x7F).all()  # the null block is e4m3 NaN
+    assert torch.isnan(case.kv_cache.float()[0]).all()
+    assert case.block_table[:, 0].unique().numel() == len(SPECS)  # permuted, distinct blocks
+
+
+@pytest.mark.parametrize("page_size", [16, 64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reference_route_on_fp8_cache_matches_direct_fp32(page_size, dtype):
+    from vllm_fa4.paged_prefill import run_prefill, split_kv_cache
+
+    case = _fp8_case(page_size, dtype)
+    plan = case.plan()
+    assert plan.route == "reference" and plan.key.fp8_kv
+    k, v = split_kv_cache(case.kv_cache_vllm, case.head_dim)
+    out = case.new_out()
+    run_prefill(plan, case.q, k, v, out, softmax_scale=case.softmax_scale, **case.kv_scales)
+    expect = _naive_dequantized(case)
+    assert torch.isfinite(out).all()  # no NaN slot (unused, null block 0) leaked
+    # out is the fp32 result rounded once to the model's dtype
+    torch.testing.assert_close(out.double(), expect, atol=2e-2 * expect.abs().max(), rtol=1e-2)
+    exact = case.reference()[0].double()
+    torch.testing.assert_close(exact, expect, atol=1e-5, rtol=1e-5)
+
+
+def test_reference_without_scales_is_wrong_by_the_scale():
+    """The scales are applied: dropping them changes the result (a test that can fail)."""
+    from vllm_fa4.paged_prefill.reference import paged_attention_reference
+
+    case = _fp8_case()
+    args = (case.q, case.k_cache, case.v_cache, case.cu_seqlens_q, case.seqused_k, case.page_table)
+    right, _ = paged_attention_reference(*args, case.softmax_scale, **case.kv_scales)
+    unscaled, _ = paged_attention_reference(*args, case.softmax_scale)
+    assert not torch.allclose(right, unscaled, atol=1e-2)
+    v_only, _ = paged_attention_reference(*args, case.softmax_scale, v_scale=case.v_scale)
+    assert not torch.allclose(right, v_only, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "fp8_key,cache_fp8,scales,words",
+    [
+        (True, False, {}, "k_cache has dtype torch.bfloat16, the plan was built for float8"),
+        (False, True, {}, "k_cache has dtype torch.float8_e4m3fn, the plan was built for bfloat16"),
+        (True, True, dict(k_scale=torch.tensor(0.5)), "k_scale must be a host float"),
+        (False, False, dict(k_scale=0.5), "k_scale=0.5 given for a bfloat16 cache"),
+    ],
+)
+def test_run_prefill_refuses_mismatched_cache_dtype_and_scales(fp8_key, cache_fp8, scales, words):
+    """A programming error (the impl views the cache as its key says): listed in the raise
+    audit, never reachable from what vLLM sends."""
+    from vllm_fa4.paged_prefill import run_prefill
+    from vllm_fa4.testing.cases import make_paged_case
+
+    fp8 = _fp8_case()
+    plain = make_paged_case(SPECS, 8, 2, 32, 16, torch.bfloat16, "cpu", seed=3)
+    plan = (fp8 if fp8_key else plain).plan()
+    cache = fp8 if cache_fp8 else plain
+    kwargs = {**(fp8.kv_scales if fp8_key else {}), **scales}
+    with pytest.raises(ValueError, match=words.replace("(", r"\(")):
+        run_prefill(
+            plan,
+            plain.q,
+            cache.k_cache,
+            cache.v_cache,
+            plain.new_out(),
+            softmax_scale=0.1,
+            **kwargs,
+        )

@@ -47,10 +47,16 @@ REACHABLE = {
         "KvCacheLayout.unsupported_reason",
         "KvCacheLayout.fits_slot_boxes",
     ],
-    "paged_prefill/run.py": ["run_prefill", "_check_tensor", "_config_for_views", "_say_once"],
+    "paged_prefill/run.py": [
+        "run_prefill",
+        "_check_tensor",
+        "_check_kv_scales",
+        "_config_for_views",
+        "_say_once",
+    ],
     "kernels/launch.py": ["prefill_forward", "check_slot_boxes", "_sm_count", "_tile_counters"],
     "kernels/compile.py": ["get_kernel", "compile_kernel"],
-    "paged_prefill/reference.py": ["paged_attention_reference"],
+    "paged_prefill/reference.py": ["paged_attention_reference", "_dequantized"],
 }
 
 

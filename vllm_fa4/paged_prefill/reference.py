@@ -35,6 +35,19 @@ def _exact_fp32_matmul():
         torch.set_float32_matmul_precision(old)
 
 
+# The cache dtypes read as quantized values times a per-tensor scale.
+FP8_DTYPES = (torch.float8_e4m3fn,)
+
+
+def _dequantized(x: torch.Tensor, scale: float, dtype: torch.dtype, device) -> torch.Tensor:
+    """Gathered cache rows as ``dtype``: an FP8 cache's values times its scale, multiplied in
+    fp32 (fp64 for an fp64 ground truth), then cast to ``dtype``."""
+    if x.dtype in FP8_DTYPES:
+        wide = torch.float64 if dtype == torch.float64 else torch.float32
+        x = x.to(device=device, dtype=wide) * scale
+    return x.to(device=device, dtype=dtype)
+
+
 def _to_list(t: torch.Tensor) -> list[int]:
     return [int(x) for x in t.tolist()]
 
@@ -52,6 +65,8 @@ def paged_attention_reference(
     window_left: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Paged varlen causal GQA attention; returns ``(out, lse)``.
 
@@ -71,6 +86,9 @@ def paged_attention_reference(
         softcap: the logit soft cap (> 0), applied to the scaled scores before the mask;
             None: off.
         sinks: [Hq] sink logits (any float dtype, read in the stat dtype); None: no sinks.
+        k_scale, v_scale: an FP8 cache's per-tensor scales: its keys and values are
+            dequantized in fp32 (k8 * k_scale), then cast to ``compute_dtype``. A 16-bit
+            cache is read as it is (its scales must be 1).
 
     Returns:
         out: [total_q, Hq, D] in ``compute_dtype`` (callers cast).
@@ -99,6 +117,10 @@ def paged_attention_reference(
         raise ValueError(f"softcap must be positive or None, got {softcap!r}")
     if sinks is not None and (sinks.dim() != 1 or sinks.shape[0] != num_q_heads):
         raise ValueError(f"sinks must be [Hq={num_q_heads}], got {tuple(sinks.shape)}")
+    if k_cache.dtype not in FP8_DTYPES and (k_scale, v_scale) != (1.0, 1.0):
+        raise ValueError(
+            f"k_scale/v_scale ({k_scale}, {v_scale}) given for a {k_cache.dtype} cache"
+        )
 
     cu = _to_list(cu_seqlens_q)
     k_lens = _to_list(seqused_k)
@@ -129,8 +151,8 @@ def paged_attention_reference(
             t = torch.arange(key_lo, n_keys, device=page_table.device)
             blocks = page_table[b].long()[t // page_size].to(k_cache.device)
             offs = (t % page_size).to(k_cache.device)
-            k = k_cache[blocks, offs].to(device=device, dtype=compute_dtype)  # [n, Hkv, D]
-            v = v_cache[blocks, offs].to(device=device, dtype=compute_dtype)
+            k = _dequantized(k_cache[blocks, offs], k_scale, compute_dtype, device)  # [n, Hkv, D]
+            v = _dequantized(v_cache[blocks, offs], v_scale, compute_dtype, device)
             if not upcast:
                 k = k * softmax_scale  # FlashAttention's reorder_ops: scale K, in low precision
             kh = k.permute(1, 0, 2)  # [Hkv, n_keys - key_lo, D]

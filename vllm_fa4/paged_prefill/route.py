@@ -48,6 +48,15 @@ def device_unsupported_reason(device: torch.device | str | None = None) -> str |
     return None
 
 
+def kernel_reads_fp8(key: KernelKey) -> bool:
+    """Whether the compiled kernel reads ``key``'s FP8 cache (issue 30): THE switch that lets
+    startup accept ``--kv-cache-dtype fp8`` (backend selection, builder, warmup, fuzz and the GPU
+    tests all ask here). False until the kernel dequantizes FP8 pages; until then an FP8 key
+    has no kernel, so serving refuses it and only the fp32 reference (CPU tests,
+    ``VLLM_FA4_PREFILL_ROUTE=reference``) runs it."""
+    return False
+
+
 def kernel_unavailable_reason(
     key: KernelKey, configs: ServingConfigs, device: torch.device | str
 ) -> str | None:
@@ -57,6 +66,8 @@ def kernel_unavailable_reason(
     if why is not None:
         return why
     why = key.unsupported_reason()
+    if why is None and key.fp8_kv and not kernel_reads_fp8(key):
+        why = f"an FP8 KV cache ({key.kv_dtype}): the prefill kernel does not read one yet"
     for config in configs.all:
         why = why or config.unsupported_reason(key)
     return None if why is None else f"no kernel for {why}"

@@ -22,13 +22,18 @@ def _say_once(log, message: str) -> None:
         log(message)
 
 
-def _check_tensor(name: str, t: torch.Tensor, shape: tuple, plan: PrefillPlan) -> None:
+def _check_tensor(
+    name: str, t: torch.Tensor, shape: tuple, plan: PrefillPlan, dtype: str | None = None
+) -> None:
+    """``t`` is a tensor of ``shape`` in ``dtype`` (default: the key's) on the plan's device,
+    its last dim contiguous."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if tuple(t.shape) != shape:
         raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {shape}")
-    if dtype_name(t.dtype) != plan.key.dtype:
-        raise ValueError(f"{name} has dtype {t.dtype}, the plan was built for {plan.key.dtype}")
+    dtype = dtype or plan.key.dtype
+    if dtype_name(t.dtype) != dtype:
+        raise ValueError(f"{name} has dtype {t.dtype}, the plan was built for {dtype}")
     if t.device != plan.device:
         raise ValueError(f"{name} is on {t.device}, the plan's tensors are on {plan.device}")
     if t.dim() and t.stride(-1) != 1 and t.shape[-1] > 1:
@@ -43,6 +48,8 @@ def run_prefill(
     out: torch.Tensor,
     *,
     softmax_scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
     lse: torch.Tensor | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
@@ -51,8 +58,11 @@ def run_prefill(
 
     Args:
         q: [plan.num_tokens, Hq, D] (token stride may exceed Hq*D).
-        k_cache, v_cache: [num_blocks, page_size, Hkv, D] views (``split_kv_cache``).
+        k_cache, v_cache: [num_blocks, page_size, Hkv, D] views (``split_kv_cache``), in the
+            model's dtype, or ``torch.float8_e4m3fn`` views for an FP8 key (``key.fp8_kv``).
         out: [plan.num_tokens, Hq, D], q's dtype; every row is written.
+        k_scale, v_scale: an FP8 cache's per-tensor scales (K = k8 * k_scale, V = v8 *
+            v_scale), positive floats on the host; 1.0 for a 16-bit cache.
         lse: optional [Hq, plan.num_tokens] float32 (natural log).
         softcap: the logit soft cap (> 0), given iff ``plan.key.softcap``.
         sinks: [Hq] float32 sink logits on the plan's device, given iff ``plan.key.sinks``.
@@ -68,9 +78,10 @@ def run_prefill(
         raise ValueError(
             f"k_cache must be [num_blocks, page_size, Hkv, D], got {tuple(k_cache.shape)}"
         )
-    nb = k_cache.shape[0]
-    _check_tensor("k_cache", k_cache, (nb, plan.key.page_size, hkv, d), plan)
-    _check_tensor("v_cache", v_cache, (nb, plan.key.page_size, hkv, d), plan)
+    nb, kv_dtype = k_cache.shape[0], plan.key.kv_dtype
+    _check_tensor("k_cache", k_cache, (nb, plan.key.page_size, hkv, d), plan, kv_dtype)
+    _check_tensor("v_cache", v_cache, (nb, plan.key.page_size, hkv, d), plan, kv_dtype)
+    _check_kv_scales(plan, k_scale, v_scale)
     if lse is not None:
         if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (hq, plan.num_tokens):
             shape = tuple(lse.shape) if isinstance(lse, torch.Tensor) else type(lse).__name__
@@ -93,6 +104,8 @@ def run_prefill(
     if plan.num_tiles == 0:
         return  # no query rows
 
+    # An FP8 key gets the kernel route only once route.kernel_reads_fp8 holds for it; the
+    # kernel side then passes k_scale / v_scale to the launch (issue 30).
     if plan.route == "kernel":
         config = _config_for_views(plan, k_cache, v_cache)
         if config is not None:
@@ -122,11 +135,24 @@ def run_prefill(
         plan.args.page_table,
         softmax_scale,
         compute_dtype=torch.float32,
+        k_scale=k_scale,
+        v_scale=v_scale,
         **features,
     )
     out.copy_(ref_out)
     if lse is not None:
         lse.copy_(ref_lse)
+
+
+def _check_kv_scales(plan: PrefillPlan, k_scale: float, v_scale: float) -> None:
+    """Scales are an FP8 cache's host floats; a 16-bit cache has none. Their values are not
+    judged: vLLM's ``calculate_kv_scales`` can make one 0 (all-zero keys in the first batch),
+    and FLASH_ATTN computes with it; raising here would kill every request in flight."""
+    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if not isinstance(scale, float | int) or isinstance(scale, bool):
+            raise ValueError(f"{name} must be a host float, got {type(scale).__name__}")
+        if not plan.key.fp8_kv and scale != 1.0:
+            raise ValueError(f"{name}={scale} given for a {plan.key.dtype} cache (FP8 only)")
 
 
 def _config_for_views(plan: PrefillPlan, k_cache, v_cache) -> KernelConfig | None:

@@ -16,6 +16,11 @@ The pad and the other layers' slices are NaN, like unused slots; the reference a
 the same views. Unused block-table entries are the null block 0, or with ``junk_table`` ids
 of NaN blocks and ids past the cache (vLLM leaves stale ids there).
 
+FP8 caches (issue 30, ``fp8_kv``): the values are drawn as for a 16-bit cache, divided by the
+case's seeded per-tensor ``k_scale`` / ``v_scale`` and stored as ``float8_e4m3fn`` (what vLLM's
+``reshape_and_cache_flash`` writes); unused slots hold e4m3's NaN (byte 0x7f). ``dtype`` stays
+the model's (q and out).
+
 Model features (issue 11) ride along as runtime values: ``window_left`` (keys a row sees left
 of its diagonal), ``softcap`` and ``sinks`` ([Hq] float32 logits); ``key``, ``plan``,
 ``reference`` and ``fa3`` all use them.
@@ -45,7 +50,8 @@ class PagedCase:
     page_size: int
     dtype: torch.dtype
     q: torch.Tensor  # [total_q, Hq, D], non-contiguous view (token stride > Hq*D)
-    kv_cache: torch.Tensor  # [num_blocks, page_size, Hkv, 2*D] NHD view of kv_buffer
+    # [num_blocks, page_size, Hkv, 2*D] NHD view of kv_buffer: dtype, or float8_e4m3fn
+    kv_cache: torch.Tensor
     k_cache: torch.Tensor  # kv_cache[..., :D]
     v_cache: torch.Tensor  # kv_cache[..., D:]
     cu_seqlens_q: torch.Tensor  # [B+1] int32, device
@@ -63,6 +69,26 @@ class PagedCase:
     block_pad: int = 0  # elements after each block's pages (vLLM's page_size_padded)
     layers: int = 1  # pages per block (cross-layer layout); kv_cache is layer ``layer``'s
     layer: int = 0
+    k_scale: float = 1.0  # an FP8 cache's per-tensor scales (K = k8 * k_scale); 1.0 otherwise
+    v_scale: float = 1.0
+
+    @property
+    def fp8_kv(self) -> bool:
+        return self.kv_cache.dtype == torch.float8_e4m3fn
+
+    @property
+    def kv_scales(self) -> dict:
+        """``run_prefill``'s / the reference's scale keywords for this case's cache."""
+        return dict(k_scale=self.k_scale, v_scale=self.v_scale)
+
+    def dequantized_kv_cache(self) -> torch.Tensor:
+        """The cache as fp32 values (an FP8 cache times its scales; NaN slots stay NaN)."""
+        d = self.head_dim
+        kv = self.kv_cache.float()
+        if self.fp8_kv:
+            kv[..., :d] *= self.k_scale
+            kv[..., d:] *= self.v_scale
+        return kv
 
     @property
     def block_stride(self) -> int:
@@ -142,7 +168,7 @@ class PagedCase:
             self.seqused_k,
             self.page_table,
             self.softmax_scale,
-            **kwargs,
+            **{**self.kv_scales, **kwargs},
         )
 
     @property
@@ -156,6 +182,7 @@ class PagedCase:
             sliding_window=self.window_left is not None,
             softcap=self.softcap is not None,
             sinks=self.sinks is not None,
+            kv_dtype=self.kv_cache.dtype,
         )
 
     def plan(self, config: KernelConfig | None = None, **options) -> PrefillPlan:
@@ -277,6 +304,7 @@ def make_paged_case(
     table_slack: int = TABLE_SLACK,
     junk_table: bool = False,
     junk_past_cache: bool = True,
+    fp8_kv: bool = False,
 ) -> PagedCase:
     """Build a paged prefill case.
 
@@ -299,6 +327,8 @@ def make_paged_case(
             blocks (spare ones or block 0) and, with ``junk_past_cache``, ids past the end of
             the cache (up to 2^31-1; vLLM's stale entries are in range), drawn after
             everything else (the other tensors do not move).
+        fp8_kv: an FP8 e4m3 cache: the same values divided by per-tensor scales that depend
+            on ``seed`` only (no draw: the other tensors do not move), rounded to e4m3.
     """
     if window_left is not None and window_left < 0:
         raise ValueError(f"window_left must be >= 0, got {window_left}")
@@ -342,6 +372,9 @@ def make_paged_case(
     values = torch.randn(
         num_blocks, page_size, num_kv_heads, 2 * head_dim, generator=gen_dev, device=device
     ).to(dtype)
+    k_scale, v_scale = fp8_scales(seed) if fp8_kv else (1.0, 1.0)
+    if fp8_kv:
+        values = quantize_fp8(values, head_dim, k_scale, v_scale)
     kv_buffer, kv_cache = _layout(values, block_pad, layers, layer)
     slots = []  # valid slots of every request, in token order
     for b, k_len in enumerate(k_lens):
@@ -351,7 +384,11 @@ def make_paged_case(
     if poison_unused:
         valid = torch.zeros(num_blocks * page_size, dtype=torch.bool)
         valid[all_slots] = True
-        kv_cache[(~valid).view(num_blocks, page_size).to(device)] = float("nan")
+        unused = (~valid).view(num_blocks, page_size).to(device)
+        if fp8_kv:  # torch has no NaN fill for e4m3: its bit pattern
+            kv_cache.view(torch.uint8)[unused] = FP8_NAN_BYTE
+        else:
+            kv_cache[unused] = float("nan")
     slot_mapping = (
         torch.cat([s[k - q :] for s, q, k in zip(slots, q_lens, k_lens)])
         if slots
@@ -403,7 +440,28 @@ def make_paged_case(
         block_pad=block_pad,
         layers=layers,
         layer=layer,
+        k_scale=k_scale,
+        v_scale=v_scale,
     )
+
+
+FP8_NAN_BYTE = 0x7F  # float8_e4m3fn's NaN (0xff too); e4m3fn has no infinity
+FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
+
+
+def fp8_scales(seed: int) -> tuple[float, float]:
+    """Per-tensor (k_scale, v_scale) of a case's FP8 cache: around 1/64, not powers of two (a
+    dequantization that drops or doubles a scale shows), keeping N(0, 1) draws in e4m3 range."""
+    return (1 + (seed % 7) / 8) / 64, (1 + ((seed + 3) % 7) / 8) / 80
+
+
+def quantize_fp8(kv: torch.Tensor, head_dim: int, k_scale: float, v_scale: float) -> torch.Tensor:
+    """``kv`` [..., 2*D] (K then V) as an e4m3 cache: each half divided by its scale in fp32,
+    clamped to e4m3's range and rounded (vLLM's cache write, ``reshape_and_cache_flash``)."""
+    x = kv.float()
+    x[..., :head_dim] /= k_scale
+    x[..., head_dim:] /= v_scale
+    return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
 
 
 def _layout(
@@ -412,13 +470,17 @@ def _layout(
     """(flat NaN buffer, view of ``values``' shape holding ``values``): block stride
     ``layers * page + block_pad`` elements, the view at layer ``layer``'s page of each block
     (the contiguous layout is the buffer itself)."""
+    if values.dtype == torch.float8_e4m3fn:  # laid out as bytes: NaN is a bit pattern there
+        buffer, view = _layout(values.view(torch.uint8), block_pad, layers, layer)
+        return buffer.view(values.dtype), view.view(values.dtype)
     num_blocks = values.shape[0]
     page = values[0].numel()
     block_stride = layers * page + block_pad
     if block_stride == page:
         return values.view(-1), values
+    fill = FP8_NAN_BYTE if values.dtype == torch.uint8 else float("nan")
     buffer = torch.full(
-        (num_blocks * block_stride,), float("nan"), dtype=values.dtype, device=values.device
+        (num_blocks * block_stride,), fill, dtype=values.dtype, device=values.device
     )
     token_stride = values.shape[2] * values.shape[3]
     view = buffer.as_strided(
