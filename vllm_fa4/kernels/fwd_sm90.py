@@ -502,9 +502,7 @@ class Sm90PagedPrefill:
             load_k, load_v, pipe_k, pipe_v = self.make_fp8_pipelines(storage)
         else:
             # consumer_release arrives once per warp (lane 0), so count warps.
-            mma_warps = pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, self.num_mma_threads // 32
-            )
+            mma_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads // 32)
             pipe_k, pipe_v = self.make_tma_pipelines(storage.mbar_k, storage.mbar_v, mma_warps)
             load_k, load_v = pipe_k, pipe_v
         q_empty = None
@@ -585,8 +583,9 @@ class Sm90PagedPrefill:
                     self.walk_v_loads(v_args, tile_args, queue)
             if cutlass.const_expr(self.fp8_kv):
                 if warp_idx >= CONVERTER_WARPS[0]:
-                    kv = (KvStaging(load_k, sK_load, pipe_k, sK), KvStaging(load_v, sV_load, pipe_v, sV))
-                    self.walk_conversions(kv, tile_args, first_tile, queue)
+                    k_kv = KvStaging(load_k, sK_load, pipe_k, sK)
+                    v_kv = KvStaging(load_v, sV_load, pipe_v, sV)
+                    self.walk_conversions((k_kv, v_kv), tile_args, first_tile, queue)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             wg = cute.arch.make_warp_uniform((tidx - 128) // 128)

@@ -104,8 +104,9 @@ def run_prefill(
     if plan.num_tiles == 0:
         return  # no query rows
 
-    # An FP8 key gets the kernel route only once route.kernel_reads_fp8 holds for it; the
-    # kernel side then passes k_scale / v_scale to the launch (issue 30).
+    # An FP8 key gets the kernel route where route.kernel_reads_fp8 holds for it (issue 30):
+    # S = k_scale * (q . k8) takes k_scale into the softmax scale (the soft cap's prescale
+    # too), O = v_scale * (P v8) / l takes v_scale in the kernel's epilogue.
     if plan.route == "kernel":
         config = _config_for_views(plan, k_cache, v_cache)
         if config is not None:
@@ -121,8 +122,9 @@ def run_prefill(
                 out,
                 lse,
                 plan.args,
-                softmax_scale,
+                softmax_scale * k_scale,
                 **features,
+                v_scale=v_scale,
             )
             return
 
