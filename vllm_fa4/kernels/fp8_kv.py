@@ -23,6 +23,8 @@ from cutlass import Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
+from vllm_fa4.kernels.paged_kv import D_CHUNK
+
 CONVERTER_WARPS = (2, 3)  # producer warps: 0 issues Q/K TMA (and the queue), 1 V (`v_warp`)
 CONVERTER_THREADS = 32 * len(CONVERTER_WARPS)
 VEC = 8  # elements per thread per step: 8 bytes of fp8 in, 16 bytes of f16/bf16 out
@@ -57,10 +59,13 @@ class KvStaging:
     smem: cute.Tensor  # (tile_n, D, KV_STAGES) in the model's dtype
 
 
-def _row_copies(dtype, bits: int, head_dim: int):
-    """A tiled copy of VEC-element row pieces over CONVERTER_THREADS threads; both sides of
-    the conversion use the same thread -> (row, column) map."""
-    per_row = head_dim // VEC
+def _row_copies(dtype, bits: int):
+    """A tiled copy of VEC-element pieces over CONVERTER_THREADS threads, 8 threads along one
+    64-column chunk and the threads' rows below each other; both sides of the conversion use
+    the same thread -> (row, column) map. Bank-conflict free on both sides: 16 threads'
+    8-byte loads are two 64-byte rows of the fp8 tile, one 128-byte line of its 64-byte
+    swizzle; 8 threads' 16-byte stores are one 128-byte row of the 16-bit tile."""
+    per_row = D_CHUNK // VEC
     threads = cute.make_ordered_layout((CONVERTER_THREADS // per_row, per_row), order=(1, 0))
     atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=bits)
     return atom, cute.make_tiled_copy_tv(atom, threads, cute.make_layout((1, VEC)))
@@ -70,9 +75,8 @@ def _row_copies(dtype, bits: int, head_dim: int):
 def convert_tile(src: cute.Tensor, dst: cute.Tensor, tid: Int32, dtype: cutlass.Constexpr):
     """dst (tile_n, D) <- src (tile_n, D) fp8, this thread's pieces (tid among the
     converters): 8-byte shared loads, 16-byte shared stores."""
-    head_dim = cute.size(src, mode=[1])
-    atom8, copy8 = _row_copies(src.element_type, 64, head_dim)
-    atom16, copy16 = _row_copies(dtype, 128, head_dim)
+    atom8, copy8 = _row_copies(src.element_type, 64)
+    atom16, copy16 = _row_copies(dtype, 128)
     t_src = copy8.get_slice(tid).partition_S(src)
     t_dst = copy16.get_slice(tid).partition_D(dst)
     to_bf16 = dtype is cutlass.BFloat16
