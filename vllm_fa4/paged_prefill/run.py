@@ -7,7 +7,7 @@ import logging
 
 import torch
 
-from vllm_fa4.kernels.config import KernelConfig, check_features, dtype_name
+from vllm_fa4.kernels.config import KernelConfig, KernelKey, check_features, dtype_name
 from vllm_fa4.paged_prefill.layout import KvCacheLayout, fit_config, kv_views_problem
 from vllm_fa4.paged_prefill.plan import PrefillPlan
 from vllm_fa4.paged_prefill.reference import paged_attention_reference
@@ -124,7 +124,7 @@ def run_prefill(
                 plan.args,
                 softmax_scale * k_scale,
                 **features,
-                v_scale=v_scale,
+                **_fp8_scale_args(plan.key, v_scale),
             )
             return
 
@@ -144,6 +144,12 @@ def run_prefill(
     out.copy_(ref_out)
     if lse is not None:
         lse.copy_(ref_lse)
+
+
+def _fp8_scale_args(key: KernelKey, v_scale: float) -> dict:
+    """The launch's ``v_scale`` keyword for an FP8 key (k_scale is in the softmax scale);
+    nothing for a 16-bit one, whose kernel has no such operand."""
+    return dict(v_scale=v_scale) if key.fp8_kv else {}
 
 
 def _check_kv_scales(plan: PrefillPlan, k_scale: float, v_scale: float) -> None:
