@@ -13,6 +13,7 @@ from typing import ClassVar
 import torch
 
 from vllm_fa4 import BACKEND_NAME, envs
+from vllm_fa4 import kv_cache_dtype as kv_dtypes
 from vllm_fa4.compat import (
     KV_CACHE_SHAPE_FROM_BACKEND,
     NHD_KV_CACHE_LAYOUTS,
@@ -20,10 +21,13 @@ from vllm_fa4.compat import (
     AttentionType,
     FlashAttentionBackend,
     FlashAttentionImpl,
+    FlashAttentionMetadata,
     MultipleOf,
     current_platform,
+    get_current_vllm_config_or_none,
     unsupported_kv_cache_layout,
 )
+from vllm_fa4.fp8_decode import DecodeQueryQuant, fa3_reads_fp8_query
 from vllm_fa4.kernels.config import (
     SUPPORTED_HEAD_DIMS,
     SUPPORTED_PAGE_SIZES,
@@ -36,6 +40,7 @@ from vllm_fa4.paged_prefill import run_prefill, split_kv_cache
 from vllm_fa4.paged_prefill.policy import configured_config, serving_configs
 
 _USE_INSTEAD = "use --attention-backend FLASH_ATTN for this model"
+FP8_CACHE = torch.float8_e4m3fn  # how the prefill reads vLLM's fp8 / fp8_e4m3 cache
 FA3_SINK_MAX_Q_HEADS = 64  # FA3's s_aux: "We only support query heads <= 64 with S aux"
 
 
@@ -48,7 +53,9 @@ class FA4AttentionBackend(AttentionBackend):
     """Composite backend: our CuTe-DSL SM90 prefill, vLLM's FA3 decode."""
 
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
-    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", "float16", "bfloat16"]
+    # What vLLM's generic check lets through; kv_dtypes.refusal decides per model (an FP8
+    # cache only where the prefill kernel reads it).
+    supported_kv_cache_dtypes: ClassVar[list[str]] = list(kv_dtypes.ACCEPTED_NAMES)
     forward_includes_kv_cache_update: bool = False
 
     @staticmethod
@@ -115,13 +122,13 @@ class FA4AttentionBackend(AttentionBackend):
         layout = unsupported_kv_cache_layout()
         if layout is not None:
             reasons.append(_reason(f"KV cache layout {layout} (only NHD)"))
-        dtype, kv_cache_dtype = given["dtype"], given["kv_cache_dtype"]
-        if kv_cache_dtype in ("float16", "bfloat16") and kv_cache_dtype != dtype_name(dtype):
-            reasons.append(
-                _reason(f"kv_cache_dtype {kv_cache_dtype} with model dtype {dtype_name(dtype)}")
-                + " (or --kv-cache-dtype auto)"
-            )
-        return reasons + _environment_reasons(given["head_size"], dtype, given["block_size"])
+        dtype, head_size, block_size = given["dtype"], given["head_size"], given["block_size"]
+        cache_dtype = given["kv_cache_dtype"] or "auto"
+        if cache_dtype in kv_dtypes.ACCEPTED_NAMES:  # vLLM's check named the others
+            refused = kv_dtypes.refusal(cache_dtype, dtype, head_size, block_size)
+            if refused is not None:
+                reasons.append(_reason(*refused) + " (or --kv-cache-dtype auto)")
+        return reasons + _environment_reasons(head_size, dtype, block_size, cache_dtype)
 
 
 def _named_reason(generic: str, given: dict) -> str:
@@ -138,9 +145,12 @@ def _named_reason(generic: str, given: dict) -> str:
             f"dtype {dtype_name(given['dtype'])}",
             _listed(dtype_name(d) for d in FA4AttentionBackend.supported_dtypes),
         ),
-        "kv_cache_dtype not supported": (
-            f"kv_cache_dtype {given['kv_cache_dtype']!r}",
-            _listed(FA4AttentionBackend.supported_kv_cache_dtypes),
+        "kv_cache_dtype not supported": kv_dtypes.refusal(
+            given["kv_cache_dtype"], given["dtype"], given["head_size"], given["block_size"]
+        ),
+        "per-head quant scales not supported": (
+            "per-head KV cache scales (a kv_cache_scheme with strategy attn_head)",
+            "one k_scale and v_scale per layer",
         ),
         "block_size not supported": (
             f"block size {given['block_size']}",
@@ -171,7 +181,9 @@ def _gpu_reason(capability) -> str:
     )
 
 
-def _environment_reasons(head_size: int, dtype: torch.dtype, block_size: int | None) -> list[str]:
+def _environment_reasons(
+    head_size: int, dtype: torch.dtype, block_size: int | None, cache_dtype: str = "auto"
+) -> list[str]:
     """Startup errors from the package's environment, at backend selection (before weights
     load): a misspelt VLLM_FA4_VARIANT or VLLM_FA4_PREFILL_ROUTE (the message lists the valid
     spellings), or a kernel config that cannot build this head dim. The builder checks the
@@ -185,7 +197,8 @@ def _environment_reasons(head_size: int, dtype: torch.dtype, block_size: int | N
         config = configured_config()
     except ValueError as e:
         reasons.append(f"FA4: {e}")
-    key = KernelKey(dtype_name(dtype), head_size, block_size or 16, 1)
+    kv_dtype = kv_dtypes.key_kv_dtype(cache_dtype)
+    key = KernelKey.for_layer(dtype, head_size, block_size or 16, 1, 1, kv_dtype=kv_dtype)
     if reasons or route == "reference" or key.unsupported_reason() is not None:
         return reasons  # no kernel wanted, or the key is refused by vLLM's generic checks
     for candidate in serving_configs(key, config).all:
@@ -194,6 +207,16 @@ def _environment_reasons(head_size: int, dtype: torch.dtype, block_size: int | N
             named = f"{envs.VARIANT}={config.spec}" if config else f"kernel config {candidate.spec}"
             reasons.append(f"FA4: {named} cannot build the prefill kernel: {why}")
     return reasons
+
+
+def _layer_cache_refusal(cache_dtype: str, head_size: int) -> tuple[str, str | None] | None:
+    """``kv_dtypes.refusal`` for a layer, with the model dtype and block size of vLLM's current
+    config (the layer is built inside it); without one only the names are checked."""
+    config = get_current_vllm_config_or_none()
+    if config is None or config.model_config is None:
+        return None
+    block_size = config.cache_config.block_size if config.cache_config else None
+    return kv_dtypes.refusal(cache_dtype, config.model_config.dtype, head_size, block_size)
 
 
 class FA4AttentionImpl(FlashAttentionImpl):
@@ -226,6 +249,9 @@ class FA4AttentionImpl(FlashAttentionImpl):
         refused = [name for name, bad in unsupported.items() if bad]
         if refused:
             raise NotImplementedError(_reason(", ".join(refused)))
+        cache_refused = _layer_cache_refusal(kv_cache_dtype, head_size)
+        if cache_refused is not None:
+            raise NotImplementedError(_reason(*cache_refused))
         super().__init__(
             num_heads,
             head_size,
@@ -241,7 +267,11 @@ class FA4AttentionImpl(FlashAttentionImpl):
         )
         if self.dcp_world_size > 1:
             raise NotImplementedError(_reason("decode context parallelism"))
+        # Never quantize Q in the layer: prefill rows take 16-bit Q. With an FP8 cache the
+        # decode rows get FP8 Q from DecodeQueryQuant instead (fp8_decode.py).
         self.supports_quant_query_input = False
+        fp8 = kv_cache_dtype in kv_dtypes.FP8_E4M3_NAMES
+        self._decode_query_quant = DecodeQueryQuant() if fp8 else None
         # The metadata builder reads these to pick the kernel key of the layer's group.
         self.model_features = ModelFeatures(
             window_left=None if sliding_window is None else sliding_window - 1,
@@ -301,7 +331,7 @@ class FA4AttentionImpl(FlashAttentionImpl):
             return output.fill_(0)
         metadata = attn_metadata
         if metadata.decode is not None:  # rows [0, num_decode_tokens), FA3 writes in place
-            super().forward(layer, query, key, value, kv_cache, metadata.decode, output)
+            self._forward_decode(layer, query, key, value, kv_cache, metadata.decode, output)
         if metadata.prefill is not None:  # rows after the decodes; K/V already in the cache
             start = metadata.num_decode_tokens
             stop = start + metadata.prefill.num_tokens
@@ -311,6 +341,12 @@ class FA4AttentionImpl(FlashAttentionImpl):
                     f"this layer's ({self.model_features.window_left})"
                 )
             k_cache, v_cache = split_kv_cache(kv_cache, self.head_size)
+            scales = {}
+            if self._decode_query_quant is not None:  # an FP8 cache (vLLM's tensor is uint8)
+                k_cache, v_cache = k_cache.view(FP8_CACHE), v_cache.view(FP8_CACHE)
+                # host floats, read every step: 0.26's calculate_kv_scales sets them after
+                # startup (once, in the first forward); a device scale's .item() would sync
+                scales = dict(k_scale=layer._k_scale_float, v_scale=layer._v_scale_float)
             run_prefill(
                 metadata.prefill,
                 query[start:stop],
@@ -320,5 +356,25 @@ class FA4AttentionImpl(FlashAttentionImpl):
                 softmax_scale=self.scale,
                 softcap=self.model_features.softcap,
                 sinks=self._sinks_fp32(),
+                **scales,
             )
         return output
+
+    def _forward_decode(
+        self,
+        layer: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        decode: FlashAttentionMetadata,
+        output: torch.Tensor,
+    ) -> None:
+        """FA3 on the decode rows, as FLASH_ATTN runs them: with an FP8 cache, Q quantized
+        by the layer's scale and q_descale passed (fp8_decode.py)."""
+        if self._decode_query_quant is None:
+            super().forward(layer, query, key, value, kv_cache, decode, output)
+            return
+        fp8_query = self._decode_query_quant(layer, query[: decode.num_actual_tokens])
+        with fa3_reads_fp8_query(self):
+            super().forward(layer, fp8_query, key, value, kv_cache, decode, output)

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from vllm.config import get_current_vllm_config_or_none
+from vllm.model_executor.layers.quantization.input_quant_fp8 import QuantFP8
+from vllm.model_executor.layers.quantization.utils.quant_utils import GroupShape
 from vllm.platforms import current_platform
 from vllm.v1.attention.backend import (
     AttentionBackend,
@@ -44,11 +47,14 @@ __all__ = [
     "FlashAttentionImpl",
     "FlashAttentionMetadata",
     "FlashAttentionMetadataBuilder",
+    "GroupShape",
     "KV_CACHE_SHAPE_FROM_BACKEND",
     "MultipleOf",
     "NHD_KV_CACHE_LAYOUTS",
+    "QuantFP8",
     "current_platform",
     "decode_slice",
+    "get_current_vllm_config_or_none",
     "prefill_seq_lens_cpu",
     "split_decodes_and_prefills",
     "unsupported_kv_cache_layout",

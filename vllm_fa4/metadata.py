@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vllm_fa4 import kv_cache_dtype as kv_dtypes
 from vllm_fa4 import warmup
 from vllm_fa4.compat import (
     AttentionCGSupport,
@@ -68,6 +69,7 @@ class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
             raise NotImplementedError("FA4: different K and V head sizes are not supported")
         self.num_kv_heads = kv_cache_spec.num_kv_heads
         self.features = group_features(vllm_config, layer_names, kv_cache_spec)
+        cache_dtype = group_cache_dtype(vllm_config, layer_names, kv_cache_spec)
         # The one key and config of this layer group: warmup compiles exactly what every
         # step's plan will launch, so nothing compiles while serving.
         self.kernel_key = KernelKey.for_layer(
@@ -77,14 +79,8 @@ class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
             model_config.get_num_attention_heads(parallel),
             self.num_kv_heads,
             **self.features.key_flags(),
+            kv_dtype=kv_dtypes.key_kv_dtype(cache_dtype),
         )
-        if dtype_name(kv_cache_spec.dtype) != self.kernel_key.dtype:
-            raise NotImplementedError(
-                f"FA4: KV cache dtype {dtype_name(kv_cache_spec.dtype)} with model dtype "
-                f"{self.kernel_key.dtype} is not supported (the prefill kernel reads the cache "
-                "in the model's dtype); use --kv-cache-dtype auto, or --attention-backend "
-                "FLASH_ATTN for this model"
-            )
         # VLLM_FA4_VARIANT fixes one config; unset, the plan picks per batch among the
         # measured defaults (short batches: persistent grid). All are compiled at startup,
         # fitted to the cache layout the spec announces (padded pages of hybrid models).
@@ -169,6 +165,47 @@ class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
 
     def use_cascade_attention(self, *args, **kwargs) -> bool:
         return False  # vLLM 0.26 asks; 0.33 has no cascade attention
+
+
+def group_cache_dtype(vllm_config, layer_names, kv_cache_spec) -> str:
+    """vLLM's ``--kv-cache-dtype`` name for one KV-cache group (its layers' impls carry it;
+    per layer, since ``--kv-cache-dtype-skip-layers`` keeps some layers 16-bit), refused
+    here, at startup, unless FA4 serves it. An FP8 group's key then needs a kernel that reads
+    FP8 (``route.kernel_reads_fp8``, asked by ``select_route``)."""
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+    from vllm.v1.attention.backends.utils import get_layers_from_vllm_config
+
+    layers = get_layers_from_vllm_config(vllm_config, AttentionLayerBase, layer_names)
+    found = {getattr(layer.impl, "kv_cache_dtype", None) for layer in layers.values()}
+    found.discard(None)
+    model_dtype = vllm_config.model_config.dtype
+    spec_dtype = dtype_name(kv_cache_spec.dtype)
+    if len(found) > 1:
+        raise NotImplementedError(
+            f"FA4: the layers of one KV-cache group differ in KV cache dtype ({sorted(found)}); "
+            "use --attention-backend FLASH_ATTN for this model"
+        )
+    if found:
+        cache_dtype = found.pop()
+    elif kv_cache_spec.dtype.itemsize == 1:  # no layers to ask: vLLM's setting
+        cache_dtype = vllm_config.cache_config.cache_dtype
+    else:
+        cache_dtype = "auto" if spec_dtype == dtype_name(model_dtype) else spec_dtype
+    if kv_cache_spec.dtype.itemsize > 1 and spec_dtype != dtype_name(model_dtype):
+        raise NotImplementedError(
+            f"FA4: KV cache dtype {spec_dtype} with model dtype {dtype_name(model_dtype)} is "
+            "not supported (the prefill kernel reads the cache in the model's dtype); use "
+            "--kv-cache-dtype auto, or --attention-backend FLASH_ATTN for this model"
+        )
+    refused = kv_dtypes.name_refusal(cache_dtype, model_dtype)
+    if refused is not None:
+        what, supported = refused
+        also = f" (supported: {supported})" if supported else ""
+        raise NotImplementedError(
+            f"FA4: {what} is not supported{also}; use --kv-cache-dtype auto, or "
+            "--attention-backend FLASH_ATTN for this model"
+        )
+    return cache_dtype
 
 
 def group_features(vllm_config, layer_names, kv_cache_spec) -> ModelFeatures:

@@ -162,3 +162,20 @@ def test_run_prefill_refuses_mismatched_cache_dtype_and_scales(fp8_key, cache_fp
             softmax_scale=0.1,
             **kwargs,
         )
+
+
+def test_readme_fp8_row_says_what_the_kernel_switch_serves():
+    """Flipping route.kernel_reads_fp8 fails this until the README's one FP8 row is updated."""
+    from pathlib import Path
+
+    from vllm_fa4.kernels.config import SUPPORTED_HEAD_DIMS
+    from vllm_fa4.paged_prefill.route import kernel_reads_fp8
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    (row,) = [line for line in readme.splitlines() if line.startswith("| FP8 KV cache |")]
+    served = [
+        d
+        for d in SUPPORTED_HEAD_DIMS
+        if kernel_reads_fp8(KernelKey("bfloat16", d, 16, 4, kv_dtype=FP8_E4M3))
+    ]
+    assert ("not served yet" in row) == (not served), (row, served)

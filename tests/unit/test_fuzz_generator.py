@@ -342,3 +342,20 @@ def test_long_contexts_within_limits(big_run):
     for b in long:
         assert max(k for _, k in b.requests) <= fuzz.MAX_K_LEN
         assert not fuzz._limit_problems(b.shape, b.decodes + b.prefills, fuzz.LIMITS, b.level)
+
+
+def test_fp8_caches_are_offered_to_the_filter_only():
+    """An FP8 cache (issue 30) only where the caller's filter (the GPU harness: the kernel's
+    switch) takes it, bf16 models only, in about 1 of FP8_KV_ONE_IN pool shapes; its block
+    pads in 16-byte units of 1-byte elements; batches valid."""
+    assert all(s.kv_dtype is None for s in fuzz.run_shapes(0, 3000))  # no filter: none
+    pool = fuzz.shape_pool(0, 48, lambda s: True)
+    fp8 = [s for s in pool if s.kv_dtype == fuzz.FP8_KV]
+    assert fp8 and all(s.dtype == "bfloat16" for s in fp8)
+    assert len(fp8) < len(pool) / 2
+    run = fuzz.batches(0, 1200, lambda s: True)
+    fp8_batches = [b for b in run if b.shape.kv_dtype == fuzz.FP8_KV]
+    assert fp8_batches and all(fuzz.is_valid(b) for b in fp8_batches)
+    pads = [b.shape.block_pad for b in fp8_batches if b.shape.block_pad]
+    assert pads and all(pad % fuzz.BLOCK_PAD_ALIGN_BYTES == 0 for pad in pads)
+    assert fuzz.shape_problems(replace(fp8[0], dtype="float16"))  # FP8 under fp16: refused

@@ -205,3 +205,47 @@ def test_absolute_bound_alone_where_fa3_refuses(cpu_harness, monkeypatch):
     monkeypatch.setattr(run_module, "paged_attention_reference", one_row_off)
     failure, _ = harness._attempt(batch, None, ctx)
     assert failure is not None and failure.tag == "abs" and "FA3 cannot run" in str(failure)
+
+
+def _fp8_batch(harness, monkeypatch, level: str) -> fuzz.Batch:
+    """A CPU-sized batch on an FP8 cache: the pool offers FP8 where the kernel's switch
+    (route.kernel_reads_fp8, as the harness imported it) is on."""
+    monkeypatch.setattr(harness, "kernel_reads_fp8", lambda key: True)
+    for b in fuzz.batches(11, 900, harness._accepts(None), limits=CPU_LIMITS):
+        if b.level == level and b.prefills and b.shape.kv_dtype == fuzz.FP8_KV:
+            return b
+    raise AssertionError(f"no {level} batch on an FP8 cache")
+
+
+def test_harness_runs_fp8_cache_batches(cpu_harness, monkeypatch):
+    """Prefill level: the case's e4m3 cache and scales reach run_prefill, the reference and
+    the FA3 stand-in (on the dequantized cache, in the model's dtype)."""
+    harness, ctx = cpu_harness
+    batch = _fp8_batch(harness, monkeypatch, "prefill")
+    failure, stats = harness._attempt(batch, None, ctx)
+    assert failure is None, f"{batch.describe()}: {failure}"
+    assert stats["abs"] <= 0.5 and "ratio" in stats
+
+
+def test_harness_catches_a_dropped_fp8_scale(cpu_harness, monkeypatch):
+    from vllm_fa4.paged_prefill import run as run_module
+
+    harness, ctx = cpu_harness
+    real = run_module.paged_attention_reference
+
+    def unscaled_v(*args, **kwargs):
+        return real(*args, **{**kwargs, "v_scale": 1.0})
+
+    monkeypatch.setattr(run_module, "paged_attention_reference", unscaled_v)
+    failure, _ = harness._attempt(_fp8_batch(harness, monkeypatch, "prefill"), None, ctx)
+    assert failure is not None and failure.tag == "abs", failure
+
+
+def test_fp8_pool_without_the_kernel_is_the_16_bit_pool(harness, monkeypatch):
+    """Switch off (the harness's filter declines FP8): the run is the one FP8 is never drawn
+    in, the run before FP8 existed."""
+    accept = harness._accepts(None)
+    shapes = fuzz.run_shapes(11, 900, accept)
+    assert all(s.kv_dtype is None for s in shapes)
+    monkeypatch.setattr(fuzz, "FP8_KV_ONE_IN", 10**9)
+    assert shapes == fuzz.run_shapes(11, 900, accept)

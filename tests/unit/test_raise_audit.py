@@ -37,7 +37,9 @@ REACHABLE = {
         "FA4AttentionImpl.sinks",
         "FA4AttentionImpl._sink_weights_as",
         "FA4AttentionImpl._sinks_fp32",
+        "FA4AttentionImpl._forward_decode",
     ],
+    "fp8_decode.py": ["DecodeQueryQuant.__call__", "fa3_reads_fp8_query"],
     "paged_prefill/layout.py": [
         "split_kv_cache",
         "_canonical_strides",

@@ -34,6 +34,10 @@ from dataclasses import asdict, dataclass, field, replace
 
 LEVELS = ("prefill", "backend")
 DTYPES = ("bfloat16", "float16")
+# An FP8 e4m3 cache (issue 30; KernelKey.kv_dtype's spelling): bf16 models only (FA3's FP8
+# decode writes bf16), offered to the caller's shape filter in 1 of FP8_KV_ONE_IN pool shapes.
+FP8_KV = "float8_e4m3fn"
+FP8_KV_ONE_IN = 4
 HEAD_DIMS = (64, 128, 256)
 PAGE_SIZES = (16, 32, 64, 128)
 KV_HEADS = (1, 2, 4, 8, 16)  # the common counts; any of 1..MAX_KV_HEADS is drawn too
@@ -102,7 +106,7 @@ class Shape:
     window: bool = False
     softcap: bool = False
     sinks: bool = False
-    kv_dtype: str | None = None  # the KV cache's dtype; None: the model's (the only one served)
+    kv_dtype: str | None = None  # the KV cache's dtype: None (the model's) or FP8_KV
     block_pad: int = 0  # elements after each block's pages (vLLM's page_size_padded)
     layers: int = 1  # pages per block: > 1 is a cross-layer layout
 
@@ -136,6 +140,7 @@ class Shape:
             self.window,
             self.softcap,
             self.sinks,
+            self.kv_dtype,
         )
 
     def __str__(self) -> str:
@@ -334,8 +339,8 @@ def shape_problems(s: Shape) -> list[str]:
         p.append(f"heads {s.num_q_heads}/{s.num_kv_heads}")
     if s.sinks and s.num_q_heads > MAX_SINK_Q_HEADS:
         p.append(f"sinks with {s.num_q_heads} query heads (FA3: <= {MAX_SINK_Q_HEADS})")
-    if s.kv_dtype is not None and s.kv_dtype != s.dtype:
-        # A KV dtype other than the model's is refused at startup (issue 27); fp8 would go here.
+    if s.kv_dtype is not None and (s.kv_dtype != FP8_KV or s.dtype != "bfloat16"):
+        # Other KV dtypes, and FP8 under an fp16 model, are refused at startup (issue 30).
         p.append(f"kv_dtype {s.kv_dtype} with a {s.dtype} model")
     if not 1 <= s.layers <= MAX_LAYERS:
         p.append(f"{s.layers} layers (1..{MAX_LAYERS})")
@@ -380,7 +385,8 @@ def is_valid(batch: Batch, limits: Limits = LIMITS) -> bool:
 
 
 def _elem_bytes(shape: Shape) -> int:
-    return 2  # bf16 / fp16 (an fp8 cache dtype would be 1)
+    """Bytes of one cache element: bf16 / fp16, or 1 for an FP8 cache."""
+    return 1 if shape.kv_dtype == FP8_KV else 2
 
 
 def _kv_bytes_per_token(shape: Shape) -> float:
@@ -538,7 +544,12 @@ def pool_size(count: int) -> int:
 def shape_pool(seed: int, n: int, accept: Callable[[Shape], bool] | None = None) -> list[Shape]:
     """``n`` shapes of distinct kernel keys, NAMED_SHAPES first (Llama-3.1-8B, gpt-oss,
     Gemma 2); with ``accept``, only shapes it accepts. Prefix-stable: the first m shapes of a
-    pool of n > m are the pool of m."""
+    pool of n > m are the pool of m.
+
+    An FP8 cache is offered to ``accept`` for 1 in FP8_KV_ONE_IN bf16 shapes (its own random
+    stream: the shapes drawn do not move), the model's cache where it declines; without
+    ``accept``, never (whether the kernel reads FP8 is the caller's question: torch-free here,
+    ``route.kernel_reads_fp8`` there)."""
     rng = random.Random(f"fa4-fuzz-shapes:{seed}")
     pool: list[Shape] = []
     keys = set()
@@ -548,12 +559,27 @@ def shape_pool(seed: int, n: int, accept: Callable[[Shape], bool] | None = None)
         shape = (
             NAMED_SHAPES[j] if j < len(NAMED_SHAPES) else shape_of(rng, j if j < 100 * n else None)
         )
-        if shape.key_fields not in keys and (accept is None or accept(shape)):
-            pool.append(shape)
-            keys.add(shape.key_fields)
+        for candidate in _with_kv_dtypes(seed, j, shape, accept):
+            if candidate.key_fields not in keys and (accept is None or accept(candidate)):
+                pool.append(candidate)
+                keys.add(candidate.key_fields)
+                break
     if not pool:
         raise ValueError("no fuzz shape passes the filter")
     return pool
+
+
+def _with_kv_dtypes(
+    seed: int, j: int, shape: Shape, accept: Callable[[Shape], bool] | None
+) -> list[Shape]:
+    """Pool position ``j``'s candidates, in order: the FP8-cache shape where drawn, then
+    ``shape``."""
+    fp8 = (
+        accept is not None
+        and shape.dtype == "bfloat16"
+        and random.Random(f"fa4-fuzz-kv:{seed}:{j}").randrange(FP8_KV_ONE_IN) == 0
+    )
+    return [replace(shape, kv_dtype=FP8_KV), shape] if fp8 else [shape]
 
 
 def run_shapes(seed: int, count: int, accept: Callable[[Shape], bool] | None = None) -> list[Shape]:
@@ -624,7 +650,7 @@ def generate(
     long_batch = extra.random() < LONG_CONTEXT_RATE
     long_at = int(extra.random() * num_reqs) if long_batch else -1
     long_k = _log_uniform(extra, LONG_K_LEN + 1, MAX_K_LEN)
-    model_values = MODEL_VALUES.get(shape.key_fields, {})
+    model_values = MODEL_VALUES.get(replace(shape, kv_dtype=None).key_fields, {})
 
     def prefix_of(i: int, q: int, p_none: float) -> int:
         drawn = _prefix(rng, shape.page_size, p_none)  # drawn either way: the stream stays
