@@ -22,6 +22,8 @@ Times: median over --rounds interleaved rounds of triton's do_bench median.
 import argparse
 import statistics
 import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -31,12 +33,41 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import MODELS, attention_flops  # noqa: E402
 from variants_ab import CASES  # noqa: E402
 
-from vllm_fa4.kernels.config import KernelConfig  # noqa: E402
+from vllm_fa4.kernels.config import FP8_E4M3, KernelConfig, KernelKey  # noqa: E402
+from vllm_fa4.paged_prefill.policy import serving_configs  # noqa: E402
 from vllm_fa4.testing.cases import make_paged_case  # noqa: E402
 
 DT = torch.bfloat16
 BASELINE = "FA3-fp8"
 DEFAULT_CASES = "4kx4,16kx1,2k@16k x2,2k@64k"
+
+
+def _build(entry) -> None:
+    from vllm_fa4.kernels.compile import get_kernel
+
+    get_kernel(*entry)
+
+
+def precompile(models, pages, fp8_variants, jobs: int) -> None:
+    """Every kernel the run can launch (each key's serving picks, 16-bit and fp8, and the
+    --fp8-variants), compiled ``jobs`` at a time into the disk cache, where the timed
+    process loads them (tools/precompile.py's way)."""
+    entries = set()
+    for model in models:
+        shape = MODELS[model]
+        for page in pages:
+            for kv in (None, FP8_E4M3):
+                key = KernelKey.for_layer(
+                    DT, shape.head_dim, page, shape.num_q_heads, shape.num_kv_heads, kv_dtype=kv
+                )
+                configs = set(serving_configs(key).all)
+                if kv is not None:
+                    configs |= {c for c in fp8_variants if c is not None}
+                entries |= {(key, c, False) for c in configs if c.unsupported_reason(key) is None}
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(_build, sorted(entries, key=repr)))
+    print(f"{len(entries)} kernels compiled or loaded in {time.perf_counter() - t0:.0f} s")
 
 
 def fa3_fp8_call(case, out):
@@ -128,6 +159,7 @@ def parse_args(argv=None):
     ap.add_argument("--pages", default="16,128")
     ap.add_argument("--cases", default=DEFAULT_CASES, help=f"of: {', '.join(CASES)}")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("-j", "--jobs", type=int, default=8, help="parallel compiles before timing")
     ap.add_argument(
         "--fp8-variants",
         default="default",
@@ -144,6 +176,7 @@ def main(argv=None):
         for spec in args.fp8_variants.split()
     ]
     pages = [int(p) for p in args.pages.split(",")]
+    precompile(args.models.split(","), pages, variants, args.jobs)
     print(f"device={torch.cuda.get_device_name()} dtype=bf16 kv=float8_e4m3fn rounds={args.rounds}")
     ratios: dict[str, list[float]] = {}
     for model in args.models.split(","):
