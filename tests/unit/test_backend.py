@@ -78,7 +78,6 @@ def test_supported_configurations_pass(head_size, dtype, block_size):
 @pytest.mark.parametrize(
     "changes, words",
     [  # the refused feature, with the value vLLM asked for where there is one
-        (dict(kv_cache_dtype="fp8"), "kv_cache_dtype 'fp8'"),
         (dict(kv_cache_dtype="fp8_e5m2"), "kv_cache_dtype 'fp8_e5m2'"),
         (dict(head_size=96), "head size 96"),
         (dict(dtype=torch.float32), "dtype float32"),
@@ -256,7 +255,7 @@ def test_bf16_sinks_are_converted_once_per_weight_version(monkeypatch):
     "changes, words",
     [
         (dict(alibi_slopes=[0.5] * 32), "ALiBi"),
-        (dict(kv_cache_dtype="fp8"), "kv_cache_dtype 'fp8'"),
+        (dict(kv_cache_dtype="fp8_e5m2"), "kv_cache_dtype 'fp8_e5m2'"),
         (dict(attn_type=AttentionType.ENCODER), "attention type"),
     ],
 )

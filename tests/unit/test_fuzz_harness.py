@@ -244,6 +244,7 @@ def test_harness_catches_a_dropped_fp8_scale(cpu_harness, monkeypatch):
 def test_fp8_pool_without_the_kernel_is_the_16_bit_pool(harness, monkeypatch):
     """Switch off (the harness's filter declines FP8): the run is the one FP8 is never drawn
     in, the run before FP8 existed."""
+    monkeypatch.setattr(harness, "kernel_reads_fp8", lambda key: False)
     accept = harness._accepts(None)
     shapes = fuzz.run_shapes(11, 900, accept)
     assert all(s.kv_dtype is None for s in shapes)
