@@ -3,7 +3,8 @@ persistent grid whose CTAs claim tiles from the atomic counter (tile_scheduler.T
 
 The configs: a hand list of scheduler variants, plus every config serving can pick
 (``testing.variants.served_configs``: the serving picks of each head dim at pages 16 and 128,
-with and without a window, run at that head dim, page and window; tests/unit/test_variants.py
+with and without a window, with a 16-bit and an FP8 cache, run at that head dim, page, window
+and cache dtype: an FP8 cache's converter warps walk the tiles too; tests/unit/test_variants.py
 checks that these cover every supported key's picks).
 
 The kernels are built with the test-only ``count_visits`` field (no spec can set it): after
@@ -47,18 +48,20 @@ WINDOW_LEFT = 300  # the window of the served configs picked for windowed keys
 
 
 def _run_params():
-    """(head dim, page, window_left, config) per config: the hand list at head dim 128 (64 for
-    three warpgroups), page 16, no window; the served configs at their key's."""
+    """(head dim, page, window_left, fp8 cache, config) per config: the hand list at head dim
+    128 (64 for three warpgroups), page 16, no window, 16-bit cache; the served configs at
+    their key's."""
     runs = []
     for spec in SCHEDULERS:
         config = KernelConfig.parse(spec)
-        runs.append(pytest.param(64 if config.mma_wgs == 3 else 128, 16, None, config, id=spec))
+        hd = 64 if config.mma_wgs == 3 else 128
+        runs.append(pytest.param(hd, 16, None, False, config, id=spec))
     for key, config in served_configs():
         window = WINDOW_LEFT if key.sliding_window else None
         name = f"served-hd{key.head_dim}-page{key.page_size}{'-window' if window else ''}"
-        runs.append(
-            pytest.param(key.head_dim, key.page_size, window, config, id=f"{name}-{config.spec}")
-        )
+        name += "-fp8" if key.fp8_kv else ""
+        values = (key.head_dim, key.page_size, window, key.fp8_kv, config)
+        runs.append(pytest.param(*values, id=f"{name}-{config.spec}"))
     return runs
 
 
@@ -85,15 +88,18 @@ def _launch(plan, case, q, num_ctas):
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("head_dim,page,window_left,config", RUNS)
-def test_every_tile_runs_exactly_once(head_dim, page, window_left, config, shape):
+@pytest.mark.parametrize("head_dim,page,window_left,fp8_kv,config", RUNS)
+def test_every_tile_runs_exactly_once(head_dim, page, window_left, fp8_kv, config, shape):
     from vllm_fa4.kernels import launch as kernel_launch
     from vllm_fa4.testing import cases, checks
 
     specs, hq, hkv, num_ctas = SHAPES[shape]
     config = dataclasses.replace(config, count_visits=True)
     case = cases.make_paged_case(
-        specs, hq, hkv, head_dim, page, torch.bfloat16, "cuda", seed=3, window_left=window_left
+        *(specs, hq, hkv, head_dim, page, torch.bfloat16, "cuda"),
+        seed=3,
+        window_left=window_left,
+        fp8_kv=fp8_kv,
     )
     plan = case.plan(config)
     if not config.persistent:

@@ -69,8 +69,8 @@ def kernel_reads_fp8(monkeypatch):
 
 
 @pytest.fixture
-def no_fp8_kernel(monkeypatch):
-    """The switch off (as before the FP8 kernel, or for a key it does not read)."""
+def kernel_skips_fp8(monkeypatch):
+    """The switch off: what startup does where the kernel does not read a key's FP8 cache."""
     monkeypatch.setattr(route_mod, "kernel_reads_fp8", lambda key: False)
 
 
@@ -81,8 +81,17 @@ def reasons(**changes):
 # ---- backend selection ------------------------------------------------------------------------
 
 
+def test_kernel_switch_is_on_for_e4m3_keys():
+    """The switch the kernel side flips (route.kernel_reads_fp8): on since the kernel reads
+    e4m3 caches (kernels/fp8_kv.py), for FP8 keys only."""
+    from vllm_fa4.kernels.config import KernelKey
+
+    assert route_mod.kernel_reads_fp8(KernelKey("bfloat16", 128, 16, 4, kv_dtype=FP8_E4M3))
+    assert not route_mod.kernel_reads_fp8(KernelKey("bfloat16", 128, 16, 4))
+
+
 @pytest.mark.parametrize("name", ["fp8", "fp8_e4m3"])
-def test_fp8_is_refused_while_the_kernel_does_not_read_it(no_fp8_kernel, name):
+def test_fp8_is_refused_while_the_kernel_does_not_read_it(kernel_skips_fp8, name):
     (reason,) = reasons(kv_cache_dtype=name)
     assert f"kv_cache_dtype {name!r} at head size 128" in reason
     assert "does not read an FP8 cache" in reason and "FLASH_ATTN" in reason
@@ -103,7 +112,7 @@ def test_fp8_asks_the_switch_about_the_kernel_page(monkeypatch):
     assert all(key.fp8_kv and key.head_dim == 128 for key in asked)
 
 
-def test_fp8_runs_on_the_reference_only_when_asked_for(no_fp8_kernel, monkeypatch):
+def test_fp8_runs_on_the_reference_only_when_asked_for(kernel_skips_fp8, monkeypatch):
     monkeypatch.setenv(envs.PREFILL_ROUTE, "reference")
     assert reasons() == []
 
@@ -143,7 +152,7 @@ def test_impl_refuses_other_quantized_caches(kernel_reads_fp8, name):
         FA4AttentionImpl(**{**IMPL_ARGS, "kv_cache_dtype": name})
 
 
-def test_impl_refuses_fp8_while_the_kernel_does_not_read_it(no_fp8_kernel):
+def test_impl_refuses_fp8_while_the_kernel_does_not_read_it(kernel_skips_fp8):
     with pytest.raises(NotImplementedError, match="does not read an FP8 cache.*FLASH_ATTN"):
         FA4AttentionImpl(**IMPL_ARGS)
 
@@ -291,7 +300,7 @@ def test_builder_keys_an_fp8_cache(vllm_config, monkeypatch, name):
 
 
 def test_builder_on_gpu_refuses_fp8_while_the_kernel_does_not_read_it(
-    vllm_config, monkeypatch, fake_hopper, no_fp8_kernel
+    vllm_config, monkeypatch, fake_hopper, kernel_skips_fp8
 ):
     with pytest.raises(RuntimeError, match="FP8 KV cache.*FLASH_ATTN"):
         _builder(vllm_config, monkeypatch, device="cuda:0")

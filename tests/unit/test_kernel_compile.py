@@ -23,6 +23,7 @@ import pytest  # noqa: E402
 
 from vllm_fa4.kernels.config import (  # noqa: E402
     DEFAULT_CONFIG,
+    FP8_E4M3,
     SUPPORTED_DTYPES,
     SUPPORTED_HEAD_DIMS,
     SUPPORTED_PAGE_SIZES,
@@ -66,27 +67,30 @@ KEYS = sorted(
 
 def served_config_families() -> list[tuple[KernelKey, KernelConfig]]:
     """One (key, config) per distinct config that serving can launch for some supported key
-    (every dtype, head dim, page size and model feature), with the plainest key that runs it
-    (bf16, no feature, smallest page first): serving picks configs by head dim, page size and
-    window only, so these few kernels cover every code path serving compiles."""
+    (every dtype, head dim, page size, model feature and KV cache dtype), with the plainest
+    key that runs it (bf16, no feature, smallest page first): serving picks configs by head
+    dim, page size, window and cache dtype only, so these few kernels cover every code path
+    serving compiles. An fp8 cache's kernel is its own family per staging depth (fp8_kv.py:
+    the converter warps, one or two staging slots)."""
     keys = [
-        KernelKey(dt, hd, ps, 4, sliding_window=window, softcap=softcap, sinks=sinks)
+        KernelKey(dt, hd, ps, 4, sliding_window=window, softcap=softcap, sinks=sinks, kv_dtype=kv)
         for dt in SUPPORTED_DTYPES
         for hd in SUPPORTED_HEAD_DIMS
         for ps in SUPPORTED_PAGE_SIZES
         for window in (False, True)
         for softcap in (False, True)
         for sinks in (False, True)
+        for kv in (None, FP8_E4M3)
     ]
     plainest_first = sorted(
         keys,
         key=lambda k: (k.sliding_window, k.softcap, k.sinks, k.dtype != "bfloat16", k.page_size),
     )
-    families: dict[KernelConfig, KernelKey] = {}
+    families: dict[tuple, KernelKey] = {}
     for key in plainest_first:
         for config in serving_configs(key).all:
-            families.setdefault(config, key)
-    return [(key, config) for config, key in families.items()]
+            families.setdefault((config, key.kv_dtype, config.staging_stages(key)), key)
+    return [(key, config) for (config, _, _), key in families.items()]
 
 
 SERVED_FAMILIES = served_config_families()
@@ -99,8 +103,20 @@ def test_compile_served_config_family(key, config):
     assert_compiles(key, config, has_lse=False)  # as warmup compiles it for serving
 
 
+# FP8 caches (issue 30): each dtype and head dim at both page regimes, and odd GQA groups.
+FP8_KEYS = sorted(
+    {
+        KernelKey(dt, hd, ps, 4, kv_dtype=FP8_E4M3)
+        for dt in SUPPORTED_DTYPES
+        for hd in SUPPORTED_HEAD_DIMS
+        for ps in (16, 128)
+    }
+    | {KernelKey("bfloat16", 128, 32, qpk, kv_dtype=FP8_E4M3) for qpk in (1, 3)},
+    key=repr,
+)
+
 # The matrix: every key above with every config serving can launch for it.
-SERVED_CASES = [(key, config) for key in KEYS for config in serving_configs(key).all]
+SERVED_CASES = [(key, config) for key in (*KEYS, *FP8_KEYS) for config in serving_configs(key).all]
 
 
 def test_default_run_compiles_one_kernel_per_served_family():
@@ -148,6 +164,8 @@ def test_compile_default_config_with_lse():
 # serving may pick for them, plus the serial step's loop, at both page regimes.
 FEATURE_KEYS = [
     KernelKey("bfloat16", 128, 16, 4, sliding_window=True),
+    KernelKey("bfloat16", 64, 16, 8, sliding_window=True, sinks=True, kv_dtype=FP8_E4M3),
+    KernelKey("float16", 256, 128, 2, sliding_window=True, softcap=True, kv_dtype=FP8_E4M3),
     KernelKey("float16", 128, 128, 4, softcap=True),
     KernelKey("bfloat16", 64, 16, 3, sinks=True),
     KernelKey("bfloat16", 256, 128, 2, sliding_window=True, softcap=True, sinks=True),

@@ -70,4 +70,4 @@ def test_scheduler_test_runs_every_served_config():
     runs = {tuple(p.values) for p in module.RUNS}
     for key, config in served_configs():
         window = module.WINDOW_LEFT if key.sliding_window else None
-        assert (key.head_dim, key.page_size, window, config) in runs, config.spec
+        assert (key.head_dim, key.page_size, window, key.fp8_kv, config) in runs, config.spec

@@ -35,9 +35,11 @@ def _fake_args(key: KernelKey, config: KernelConfig, has_lse: bool):
         stride = tuple(cute.sym_int64(divisibility=divisibility) for _ in range(ndim - 1)) + (1,)
         return cute.runtime.make_fake_tensor(dtype, shape, stride=stride, assumed_align=align)
 
+    kv_dt = cutlass.Float8E4M3FN if key.fp8_kv else dt
+    kv_div = 128 // kv_dt.width
     mQ = fake(dt, 3, div, 16)
-    mK = fake(dt, 4, div, 16)
-    mV = fake(dt, 4, div, 16)
+    mK = fake(kv_dt, 4, kv_div, 16)
+    mV = fake(kv_dt, 4, kv_div, 16)
     mO = fake(dt, 3, div, 16)
     mLSE = fake(cutlass.Float32, 2, 1, 4) if has_lse else None
     mCu = fake(cutlass.Int32, 1, 1, 4)
@@ -51,8 +53,9 @@ def _fake_args(key: KernelKey, config: KernelConfig, has_lse: bool):
     scale = cutlass.Float32(1.0)
     window_left = cutlass.Int32(0)
     softcap = cutlass.Float32(1.0)
+    v_scale = cutlass.Float32(1.0)
     tensors = (mQ, mK, mV, mO, mLSE, mCu, mSeqK, mPT, mWork, mCounters, mSinks)
-    return (*tensors, scale, num_ctas, window_left, softcap, stream)
+    return (*tensors, scale, num_ctas, window_left, softcap, v_scale, stream)
 
 
 def compile_kernel(key: KernelKey, config: KernelConfig = DEFAULT_CONFIG, has_lse: bool = True):

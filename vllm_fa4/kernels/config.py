@@ -340,17 +340,48 @@ class KernelConfig:
             # block loop spills (128-key blocks) or runs 3-17 % slower (64-key blocks,
             # measured 2026-11-24, docs/perf-notes.md).
             return f"mma_wgs=3 at head dim {key.head_dim} (supported at head dim 64 only)"
-        geo = tile_geometry(key, self.mma_wgs)
-        # smem: Q tile_m*D per Q stage + (K+V) per stage 2*tile_n*D elements (16-bit)
-        q_stages = self.q_stages
-        smem = 2 * key.head_dim * (q_stages * geo.tile_m + 2 * geo.tile_n * KV_STAGES)
+        if key.fp8_kv:
+            reason = self._fp8_unsupported_reason()
+            if reason is not None:
+                return reason
+        smem = self._smem_bytes(key, max(self.staging_stages(key), key.fp8_kv))
         if smem > SMEM_BYTES - 1024:  # keep 1 KB for the mbarriers and alignment
+            q_stages = self.q_stages
             what = f"{KV_STAGES} K/V stages" + (f" and {q_stages} Q stages" if q_stages > 1 else "")
+            if key.fp8_kv:
+                what += " and an fp8 staging stage"
             return (
                 f"{what} need {smem // 1024} KB of shared memory at head "
                 f"dim {key.head_dim} (limit {SMEM_BYTES // 1024} KB)"
             )
         return None
+
+    def _fp8_unsupported_reason(self) -> str | None:
+        """What an fp8 cache's kernel (fp8_kv.py) is not built for yet."""
+        if self.kv_box is KvBox.WIDE:
+            # the fp8 staging tile is laid out for per-chunk boxes only
+            return "'wide_box' with an fp8 KV cache"
+        if self.q_load is QLoad.PREFETCH:
+            # the converter warps walk tiles as the consumers do, without a mid-tile handoff
+            return "'q_prefetch' with an fp8 KV cache"
+        return None
+
+    def _smem_bytes(self, key: KernelKey, staging_stages: int) -> int:
+        """Q's stages and the K/V stages (16-bit), plus the fp8 staging ring (1 byte each)."""
+        geo = tile_geometry(key, self.mma_wgs)
+        kv_tile = geo.tile_n * key.head_dim  # elements of one K or V tile
+        return 2 * (self.q_stages * geo.tile_m * key.head_dim + 2 * kv_tile * KV_STAGES) + (
+            2 * kv_tile * staging_stages
+        )
+
+    def staging_stages(self, key: KernelKey) -> int:
+        """fp8 cache: slots of the fp8 staging ring per tensor, 2 where shared memory allows
+        (TMA of the next tile overlaps the conversion of this one), else 1; 0 for a 16-bit
+        cache (no ring)."""
+        if not key.fp8_kv:
+            return 0
+        fits = self._smem_bytes(key, 2) <= SMEM_BYTES - 1024
+        return 2 if fits else 1
 
     # ---- what follows from the fields (read by the kernel and the launch) ----
     @property
@@ -380,17 +411,22 @@ class KernelConfig:
     # block ahead): 128 * producer + 384 * consumer <= 65536.
     @property
     def producer_regs(self) -> int:
-        ahead = self.page_read is PageRead.BLOCK_AHEAD
-        if self.mma_wgs == 3:
-            return 40 if ahead else 32
-        return 40 if ahead else 24
+        return self._register_split(self.page_read is PageRead.BLOCK_AHEAD)[0]
 
     @property
     def mma_regs(self) -> int:
-        ahead = self.page_read is PageRead.BLOCK_AHEAD
+        return self._register_split(self.page_read is PageRead.BLOCK_AHEAD)[1]
+
+    def register_split(self, key: KernelKey) -> tuple[int, int]:
+        """(producer, consumer) registers per thread for ``key``'s kernel. An fp8 cache's
+        converter warps (fp8_kv.py: a piece's 4 + 8 words, the loop's addresses and the
+        four pipeline states) take the larger producer share, as reading pages ahead does."""
+        return self._register_split(self.page_read is PageRead.BLOCK_AHEAD or key.fp8_kv)
+
+    def _register_split(self, wide_producer: bool) -> tuple[int, int]:
         if self.mma_wgs == 3:
-            return 152 if ahead else 160
-        return 232 if ahead else 240
+            return (40, 152) if wide_producer else (32, 160)
+        return (40, 232) if wide_producer else (24, 240)
 
     @property
     def num_threads(self) -> int:

@@ -45,6 +45,7 @@ def write_output(
     has_lse: cutlass.Constexpr[bool],
     staged: cutlass.Constexpr[bool],
     mSinks=None,  # [Hq] fp32 sink logits (attention sinks), or None
+    o_scale=None,  # Float32 factor of every O row (an fp8 cache's v_scale), or None
 ):
     num_rows = cute.size(row_max)
     tile_m, head_dim = cute.size(sQ, mode=[0]), cute.size(sQ, mode=[1])
@@ -58,6 +59,9 @@ def write_output(
             _, _, head = _row_target(work, oC[i, 0][0], qhead_per_kvhead)
             sink_log2[i] = mSinks[head] * Float32(LOG2_E)
     softmax_finish(row_max, row_sum, scale_log2, inv_sum, lse, sink_log2)
+    if cutlass.const_expr(o_scale is not None):
+        for i in cutlass.range_constexpr(num_rows):
+            inv_sum[i] = inv_sum[i] * o_scale
     scale_rows(acc_O, inv_sum)
     rO = cute.make_rmem_tensor_like(acc_O, dtype)
     rO.store(acc_O.load().to(dtype))

@@ -50,6 +50,7 @@ from vllm_fa4.kernels.config import (
     tile_geometry,
 )
 from vllm_fa4.kernels.epilogue import write_output
+from vllm_fa4.kernels.fp8_kv import Converter, KvStaging, convert_block, converter_warps
 from vllm_fa4.kernels.mask import apply_causal_mask
 from vllm_fa4.kernels.paged_kv import (
     D_CHUNK,
@@ -181,6 +182,7 @@ class ConsumerArgs(NamedTuple):
     softcap_prescale: Optional[Float32]  # key.softcap only
     scale_log2: Float32
     tidx: Int32  # the thread's index among the consumer threads
+    o_scale: Optional[Float32]  # an fp8 cache's v_scale, applied to O (else None)
 
 
 class SoftmaxArgs(NamedTuple):
@@ -229,6 +231,15 @@ class Sm90PagedPrefill:
         # (tile_n, box_n, page_size): the trailing arguments of the paged_kv helpers
         self.paged_tile_geometry = (self.tile_n, self.box_n, self.page_size)
         self.stages = KV_STAGES
+        # An fp8 cache: TMA fills a staging ring of fp8 tiles that converter warps turn
+        # into the 16-bit K/V stages (fp8_kv.py); the TMA ring is the staging ring then.
+        self.fp8_kv = key.fp8_kv
+        self.cache_dtype = cutlass.Float8E4M3FN if key.fp8_kv else self.dtype
+        self.staging_stages = cfg.staging_stages(key)
+        self.load_stages = self.staging_stages or KV_STAGES
+        self.converter_warps = converter_warps(cfg.v_warp) if key.fp8_kv else ()
+        self.converter_threads = 32 * len(self.converter_warps)
+        self.producer_regs, self.mma_regs = cfg.register_split(key)
         self.num_mma_threads = 128 * cfg.mma_wgs
         self.turns = cfg.turns  # warpgroups taking turns (barriers.py): ping-pong
         # What the config's axes mean for this kernel, decided once.
@@ -245,11 +256,16 @@ class Sm90PagedPrefill:
         assert self.tile_n % self.box_n == 0 and self.head_dim % D_CHUNK == 0
 
     # ---------------------------------------------------------------- host-side helpers
-    def _smem_layout(self, rows: int, cols: int, stages: Optional[int] = None, kv: bool = False):
-        """A swizzled (rows, cols[, stages]) tile; `kv`: a K/V tile, whose atoms follow
-        kv_smem_order (`wide_box`)."""
+    def _smem_layout(
+        self, rows: int, cols: int, stages: Optional[int] = None, kv: bool = False, dtype=None
+    ):
+        """A swizzled (rows, cols[, stages]) tile of `dtype` (the model's by default); `kv`: a
+        K/V tile, whose atoms follow kv_smem_order (`wide_box`). An fp8 tile's atoms are one
+        TMA box (64 columns, 64-byte swizzle) wide, as a 16-bit tile's are."""
+        dtype = self.dtype if dtype is None else dtype
+        atom_cols = cols if dtype.width == 16 else D_CHUNK
         atom = warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, cols), self.dtype
+            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, atom_cols), dtype
         )
         wide = kv and self.wide_box
         if stages is None:
@@ -260,7 +276,7 @@ class Sm90PagedPrefill:
         """TMA atom and coordinate tensor of a K or V pool: per-chunk boxes over
         (row_in_page, D, head, page), or with `wide_box` whole-row boxes over the slots."""
         if not self.wide_box:
-            box_layout = self._smem_layout(self.box_n, D_CHUNK)
+            box_layout = self._smem_layout(self.box_n, D_CHUNK, dtype=self.cache_dtype)
             return cpasync.make_tiled_tma_atom(
                 tma_op, pool_view(mX), box_layout, (self.box_n, D_CHUNK)
             )
@@ -269,9 +285,10 @@ class Sm90PagedPrefill:
         view = slot_view(mX, self.box_n, boxes_per_block)
         return cpasync.make_tiled_tma_atom(tma_op, view, box_layout, coords.shape)
 
-    def _storage_cls(self, sQ_layout, sK_layout, sV_layout):
-        """The shared-memory struct: mbarriers (K, V, then the tile queue's and Q's where
-        the config has them) in the first 1 KB, then sQ, sK, sV on 1 KB boundaries."""
+    def _storage_cls(self, sQ_layout, sK_layout, sV_layout, staging_layout=None):
+        """The shared-memory struct: mbarriers (K, V, then the tile queue's, Q's and the fp8
+        staging rings' where the kernel has them) in the first 1 KB, then sQ, sK, sV (and the
+        fp8 sK8, sV8) on 1 KB boundaries."""
         dt, stages = self.dtype, self.stages
         mem, align = cute.struct.MemRange, cute.struct.Align
         fields = {
@@ -284,8 +301,14 @@ class Sm90PagedPrefill:
             fields["queue_slots"] = mem[cutlass.Int32, TILE_QUEUE_STAGES * words]
         if self.q_tma:
             fields["mbar_q_empty"] = mem[cutlass.Int64, self.cfg.q_stages]
+        if self.fp8_kv:
+            fields["mbar_k8"] = mem[cutlass.Int64, self.staging_stages * 2]
+            fields["mbar_v8"] = mem[cutlass.Int64, self.staging_stages * 2]
         for name, layout in (("sQ", sQ_layout), ("sK", sK_layout), ("sV", sV_layout)):
             fields[name] = align[mem[dt, cute.cosize(layout)], 1024]
+        if self.fp8_kv:
+            for name in ("sK8", "sV8"):
+                fields[name] = align[mem[self.cache_dtype, cute.cosize(staging_layout)], 1024]
         return cute.struct(type("Storage", (), {"__annotations__": fields}))
 
     def qk_mma(self, n: int):
@@ -343,13 +366,19 @@ class Sm90PagedPrefill:
         num_ctas: Int32,  # persistent grid size, min(num_tiles, SMs); unused otherwise
         window_left: Int32,  # key.sliding_window: keys a row sees left of its diagonal
         softcap: Float32,  # key.softcap: the cap (> 0)
+        v_scale: Float32,  # an fp8 cache's V scale (O *= v_scale); unused for 16-bit caches
         stream,
     ):
         q_stages = self.cfg.q_stages if self.q_tma else None
         sQ_layout = self._smem_layout(self.tile_m, self.head_dim, q_stages)
         sK_layout = self._smem_layout(self.tile_n, self.head_dim, self.stages, kv=True)
         sV_layout = self._smem_layout(self.tile_n, self.head_dim, self.stages, kv=True)
-        self.storage_cls = self._storage_cls(sQ_layout, sK_layout, sV_layout)
+        staging_layout = None
+        if cutlass.const_expr(self.fp8_kv):
+            staging_layout = self._smem_layout(
+                self.tile_n, self.head_dim, self.staging_stages, kv=True, dtype=self.cache_dtype
+            )
+        self.storage_cls = self._storage_cls(sQ_layout, sK_layout, sV_layout, staging_layout)
 
         kv_boxes_per_block = None
         if cutlass.const_expr(self.wide_box):
@@ -387,6 +416,7 @@ class Sm90PagedPrefill:
             scale_log2 = softmax_scale * Float32(LOG2_E)
         window = window_left if cutlass.const_expr(self.key.sliding_window) else None
         sinks = mSinks if cutlass.const_expr(self.key.sinks) else None
+        o_scale = v_scale if cutlass.const_expr(self.fp8_kv) else None
         self.kernel(
             mQ,
             mO,
@@ -408,9 +438,11 @@ class Sm90PagedPrefill:
             sinks,
             window,
             softcap_prescale,
+            o_scale,
             sQ_layout,
             sK_layout,
             sV_layout,
+            staging_layout,
             tiled_mma_qk,
             tiled_mma_pv,
         ).launch(
@@ -448,10 +480,12 @@ class Sm90PagedPrefill:
         mSinks,
         window_left,
         softcap_prescale,
+        o_scale,  # an fp8 cache's v_scale (else None)
         # shared-memory layouts and the two GEMMs' tiled MMAs (compile time)
         sQ_layout,
         sK_layout,
         sV_layout,
+        staging_layout,  # an fp8 cache's staging ring (else None)
         tiled_mma_qk,
         tiled_mma_pv,
     ):
@@ -464,22 +498,15 @@ class Sm90PagedPrefill:
                 cpasync.prefetch_descriptor(tma_atom_Q)
 
         storage = cutlass_utils.SmemAllocator().allocate(self.storage_cls)
-        kv_bytes = self.tile_n * self.head_dim * (self.dtype.width // 8)
-        one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
-        # consumer_release arrives once per warp (lane 0), so count warps.
-        mma_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads // 32)
-        # K and V ride separate TMA pipelines so S = QK^T can start before V lands.
-        pipe_k, pipe_v = (
-            pipeline.PipelineTmaAsync.create(
-                barrier_storage=barriers.data_ptr(),
-                num_stages=self.stages,
-                producer_group=one_thread,
-                consumer_group=mma_warps,
-                tx_count=kv_bytes,
-                defer_sync=True,
-            )
-            for barriers in (storage.mbar_k, storage.mbar_v)
-        )
+        # K and V ride separate pipelines so S = QK^T can start before V lands: TMA ones,
+        # or with an fp8 cache TMA staging ones feeding the converters' (make_fp8_pipelines).
+        if cutlass.const_expr(self.fp8_kv):
+            load_k, load_v, pipe_k, pipe_v = self.make_fp8_pipelines(storage)
+        else:
+            # consumer_release arrives once per warp (lane 0), so count warps.
+            mma_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads // 32)
+            pipe_k, pipe_v = self.make_tma_pipelines(storage.mbar_k, storage.mbar_v, mma_warps)
+            load_k, load_v = pipe_k, pipe_v
         q_empty = None
         if cutlass.const_expr(self.q_tma):
             # Q's "full" is the tile's first K stage mbarrier (produce); "empty" takes one
@@ -494,9 +521,11 @@ class Sm90PagedPrefill:
                 barrier_storage=storage.mbar_queue.data_ptr(),
                 num_stages=TILE_QUEUE_STAGES,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
-                # every consumer thread arrives on "empty"; with `v_warp` the V warp's too
+                # every consumer thread arrives on "empty"; with `v_warp` the V warp's too,
+                # with an fp8 cache the converters'
                 consumer_group=pipeline.CooperativeGroup(
-                    pipeline.Agent.Thread, self.num_mma_threads + 32 * self.cfg.v_warp
+                    pipeline.Agent.Thread,
+                    self.num_mma_threads + 32 * self.cfg.v_warp + self.converter_threads,
                 ),
                 defer_sync=True,
             )
@@ -515,6 +544,11 @@ class Sm90PagedPrefill:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sK_load, sV_load = sK, sV  # what the producer's TMA writes
+        if cutlass.const_expr(self.fp8_kv):
+            outer, inner = staging_layout.outer, staging_layout.inner
+            sK_load = storage.sK8.get_tensor(outer, swizzle=inner)
+            sV_load = storage.sV8.get_tensor(outer, swizzle=inner)
 
         tile_args = WorkList(
             mWorkTiles,
@@ -529,32 +563,38 @@ class Sm90PagedPrefill:
         pipeline.pipeline_init_wait()
 
         if warp_idx < 4:
-            cute.arch.setmaxregister_decrease(self.cfg.producer_regs)
+            cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 pool = KvPool(num_blocks, kv_boxes_per_block)
                 prod_args = ProducerArgs(
-                    mPageTable, mK_tma, mV_tma, tma_atom_K, tma_atom_V, sK, sV, pool, pipe_k, pipe_v
+                    *(mPageTable, mK_tma, mV_tma, tma_atom_K, tma_atom_V, sK_load, sV_load),
+                    *(pool, load_k, load_v),
                 )
                 produce = self.produce
                 if cutlass.const_expr(self.q_tma):
                     produce = partial(produce, q_load=QTmaLoad(tma_atom_Q, mQ_tma, sQ, q_empty))
                 state = pipeline.make_pipeline_state(
-                    pipeline.PipelineUserType.Producer, self.stages
+                    pipeline.PipelineUserType.Producer, self.load_stages
                 )
                 walk = self.tile_walk()
                 walk(produce, prod_args, state, tile_args, first_tile, queue, True)
             if cutlass.const_expr(self.cfg.v_warp):
                 if warp_idx == 1:
                     pool = KvPool(num_blocks, kv_boxes_per_block)
-                    v_args = VLoadArgs(mPageTable, mV_tma, tma_atom_V, sV, pool, pipe_v)
+                    v_args = VLoadArgs(mPageTable, mV_tma, tma_atom_V, sV_load, pool, load_v)
                     self.walk_v_loads(v_args, tile_args, queue)
+            if cutlass.const_expr(self.fp8_kv):
+                if warp_idx >= self.converter_warps[0]:
+                    k_kv = KvStaging(load_k, sK_load, pipe_k, sK)
+                    v_kv = KvStaging(load_v, sV_load, pipe_v, sV)
+                    self.walk_conversions((k_kv, v_kv), tile_args, first_tile, queue)
         else:
-            cute.arch.setmaxregister_increase(self.cfg.mma_regs)
+            cute.arch.setmaxregister_increase(self.mma_regs)
             wg = cute.arch.make_warp_uniform((tidx - 128) // 128)
             turns_begin(self.turns, wg)  # once per CTA: turns alternate across tiles
             cons_args = ConsumerArgs(
                 *(mQ, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v),
-                *(mSinks, window_left, softcap_prescale, scale_log2, tidx - 128),
+                *(mSinks, window_left, softcap_prescale, scale_log2, tidx - 128, o_scale),
             )
             consume = self.consume
             if cutlass.const_expr(self.q_tma):
@@ -562,6 +602,92 @@ class Sm90PagedPrefill:
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             walk = self.tile_walk()
             walk(consume, cons_args, state, tile_args, first_tile, queue, False)
+
+    def make_tma_pipelines(self, mbar_k, mbar_v, consumers):
+        """K's and V's TMA pipelines over the load ring (transaction bytes of a cache tile)."""
+        kv_bytes = self.tile_n * self.head_dim * (self.cache_dtype.width // 8)
+        one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        return tuple(
+            pipeline.PipelineTmaAsync.create(
+                barrier_storage=barriers.data_ptr(),
+                num_stages=self.load_stages,
+                producer_group=one_thread,
+                consumer_group=consumers,
+                tx_count=kv_bytes,
+                defer_sync=True,
+            )
+            for barriers in (mbar_k, mbar_v)
+        )
+
+    def make_fp8_pipelines(self, storage):
+        """An fp8 cache's four pipelines: K's and V's TMA staging rings (consumed by the
+        converter warps, one release per warp) and K's and V's 16-bit stages, whose "full"
+        takes every converter thread's arrival and "empty" every consumer thread's (the
+        consumers release from all threads)."""
+        warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, len(self.converter_warps))
+        load_k, load_v = self.make_tma_pipelines(storage.mbar_k8, storage.mbar_v8, warps)
+        pipe_k, pipe_v = (
+            pipeline.PipelineAsync.create(
+                barrier_storage=barriers.data_ptr(),
+                num_stages=self.stages,
+                producer_group=pipeline.CooperativeGroup(
+                    pipeline.Agent.Thread, self.converter_threads
+                ),
+                consumer_group=pipeline.CooperativeGroup(
+                    pipeline.Agent.Thread, self.num_mma_threads
+                ),
+                defer_sync=True,
+            )
+            for barriers in (storage.mbar_k, storage.mbar_v)
+        )
+        return load_k, load_v, pipe_k, pipe_v
+
+    @cute.jit
+    def walk_conversions(self, kv, tile_args, first_tile: Int32, queue):
+        """An fp8 cache's converter warps: every tile the consumers run, in the consumers'
+        tile walk, converting its K/V blocks (convert)."""
+        users = pipeline.PipelineUserType
+        states = (
+            pipeline.make_pipeline_state(users.Consumer, self.staging_stages),
+            pipeline.make_pipeline_state(users.Producer, self.stages),
+        )
+        walk = self.tile_walk()
+        walk(self.convert, kv, states, tile_args, first_tile, queue, False)
+
+    @cute.jit
+    def convert(self, work, kv, states, q_stage: cutlass.Constexpr[int] = 0):
+        """One tile's K/V blocks, fp8 staging -> 16-bit stages, in the order the producer
+        issues them (so in the consumers' order): overlapped, K_{j-1} before V_j; else K_j,
+        V_j. `states` = (staging ring, 16-bit ring), K's; V's run one block behind with
+        overlap. Returns the advanced states."""
+        kv_k, kv_v = kv
+        staged, stage = states
+        tidx, _, _ = cute.arch.thread_idx()
+        first = self.converter_warps[0]
+        rank = cute.arch.make_warp_uniform(cute.arch.warp_idx()) - first
+        me = Converter(tidx % 32, rank, len(self.converter_warps))
+        n_count = work.n_block_max - work.n_block_min
+        if cutlass.const_expr(self.overlap):
+            if n_count > 0:
+                staged_v, stage_v = staged.clone(), stage.clone()
+                convert_block(kv_k, staged, stage, me, self.dtype)
+                staged.advance()
+                stage.advance()
+                for _ in cutlass.range(1, n_count, unroll=1):
+                    convert_block(kv_k, staged, stage, me, self.dtype)
+                    convert_block(kv_v, staged_v, stage_v, me, self.dtype)
+                    staged.advance()
+                    stage.advance()
+                    staged_v.advance()
+                    stage_v.advance()
+                convert_block(kv_v, staged_v, stage_v, me, self.dtype)
+        else:
+            for _ in cutlass.range(n_count, unroll=1):
+                convert_block(kv_k, staged, stage, me, self.dtype)
+                convert_block(kv_v, staged, stage, me, self.dtype)
+                staged.advance()
+                stage.advance()
+        return staged, stage
 
     def tile_walk(self):
         """The tile loop of the config's `tiles`, picked once (all take the same arguments:
@@ -788,7 +914,7 @@ class Sm90PagedPrefill:
     def _kv_source(self, pipe, atom, mX_tma, sX, kv_head, boxes_per_block) -> KvSource:
         """A tile's K or V source: its TMA views partitioned for the kv_head."""
         if self.wide_box:
-            tile_shape = (self.tile_n, self.head_dim, self.stages)
+            tile_shape = (self.tile_n, self.head_dim, self.load_stages)
             tXs, tXg = partition_slot_boxes(atom, mX_tma, sX, kv_head, self.box_n, tile_shape)
         else:
             tXs, tXg = partition_pool_tiles(atom, mX_tma, sX, kv_head, self.box_n)
@@ -878,7 +1004,7 @@ class Sm90PagedPrefill:
         consumers do, and issues its V loads."""
         num_tiles = tile_args.work_tiles.shape[0]
         users = pipeline.PipelineUserType
-        state = pipeline.make_pipeline_state(users.Producer, self.stages)
+        state = pipeline.make_pipeline_state(users.Producer, self.load_stages)
         queue_state = pipeline.make_pipeline_state(users.Consumer, TILE_QUEUE_STAGES)
         wait_tile, take_work = queue.wait_tile, queue.take_work
         tile = wait_tile(queue_state)
@@ -1073,7 +1199,7 @@ class Sm90PagedPrefill:
         uniform-register descriptors) on the first K's mbarrier; the tile frees the stage
         after its last Q K^T."""
         mQ, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v = args[:10]
-        mSinks, window_left, softcap_prescale, scale_log2, tidx = args[10:]
+        mSinks, window_left, softcap_prescale, scale_log2, tidx = args[10:15]
         wg = cute.arch.make_warp_uniform(tidx // 128)
         g = self.block_gemms(sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, tidx)
         tSrQ = g.tSrQ
@@ -1154,7 +1280,7 @@ class Sm90PagedPrefill:
         if cutlass.const_expr(self.q_tma):
             sO = sQ[None, None, q_stage]
         out = (mO, mLSE, mSinks, sO)
-        self.epilogue(work, out, g, row_max, row_sum, scale_log2, tidx, wg)
+        self.epilogue(work, out, g, row_max, row_sum, scale_log2, tidx, wg, args.o_scale)
         if cutlass.const_expr(self.q_tma and self.staged_epilogue):
             # The stage's generic-proxy reads and writes come before the producer's TMA.
             cute.arch.fence_view_async_shared()
@@ -1199,8 +1325,11 @@ class Sm90PagedPrefill:
         return cute.make_rmem_tensor(shape, Float32)
 
     @cute.jit
-    def epilogue(self, work, out, g, row_max, row_sum, scale_log2, tidx: Int32, wg: Int32):
-        """Normalize O and write it (and the LSE); `out` = (mO, mLSE, mSinks, sQ)."""
+    def epilogue(
+        self, work, out, g, row_max, row_sum, scale_log2, tidx: Int32, wg: Int32, o_scale=None
+    ):
+        """Normalize O (times `o_scale`, an fp8 cache's v_scale) and write it (and the LSE);
+        `out` = (mO, mLSE, mSinks, sQ)."""
         mO, mLSE, mSinks, sQ = out
         write_output(
             work,
@@ -1220,6 +1349,7 @@ class Sm90PagedPrefill:
             self.has_lse,
             self.staged_epilogue,
             mSinks,
+            o_scale,
         )
 
     @cute.jit

@@ -76,6 +76,7 @@ def prefill_forward(
     window_left: int | None = None,
     softcap: float | None = None,
     sinks=None,
+    v_scale: float = 1.0,
 ) -> None:
     """Run the kernel for one step's prefill rows (tensor contracts: docs/contracts.md).
 
@@ -84,6 +85,8 @@ def prefill_forward(
     ``window_left`` / ``softcap`` / ``sinks`` ([Hq] fp32): the model features, given exactly
     when ``key`` has the matching flag (docs/contracts.md; ``run_prefill`` checks them, once
     per call, before it launches).
+    ``v_scale``: an fp8 cache's V scale, applied to O in the epilogue (its K scale is folded
+    into ``softmax_scale`` by the caller); a 16-bit key's kernel ignores it.
     """
     from vllm_fa4.kernels.compile import get_kernel
 
@@ -108,4 +111,5 @@ def prefill_forward(
         num_ctas,
         0 if window_left is None else window_left,
         1.0 if softcap is None else softcap,
+        v_scale,
     )

@@ -84,6 +84,28 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     (256, True, True): ("one_per_cta+overlap", "queue+overlap"),
 }
 
+# The same rows for an FP8 cache (issue 30; fp8_kv.py), unmeasured: the 16-bit picks without
+# what the fp8 kernel does not build (wide_box, q_prefetch). Head dim 128 trades q_tma (and
+# with it queue_with_work and v_warp) for Q by cp.async: one Q stage leaves shared memory for
+# two fp8 staging slots, so a tile's TMA overlaps the previous one's conversion (with q_tma
+# only one fits; docs/perf-notes.md predicts the single slot serializes them). Head dims 64
+# (two slots) and 256 (one: its 128 KB of K/V stages) keep their 16-bit picks.
+FP8_TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
+    **TABLE,
+    (64, True, False): ("queue+overlap+mma_wgs=3", "queue+overlap+mma_wgs=3"),
+    (64, True, True): ("queue+overlap+mma_wgs=3", "queue+overlap+mma_wgs=3"),
+    (128, False, False): (
+        "queue+pv_wait_mid+pages_ahead+lazy_max",
+        "queue+pv_wait_mid+staged_epilogue+lazy_max",
+    ),
+    (128, False, True): (
+        "queue+pv_wait_mid+lazy_max",
+        "queue+pv_wait_mid+staged_epilogue+lazy_max",
+    ),
+    (128, True, False): ("queue+overlap", "queue+overlap"),
+    (128, True, True): ("queue+overlap", "queue+overlap"),
+}
+
 
 @dataclass(frozen=True)
 class ServingConfigs:
@@ -119,6 +141,7 @@ class ServingConfigs:
 
 
 _PARSED = {row: tuple(map(KernelConfig.parse, specs)) for row, specs in TABLE.items()}
+_PARSED_FP8 = {row: tuple(map(KernelConfig.parse, specs)) for row, specs in FP8_TABLE.items()}
 
 
 def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> ServingConfigs:
@@ -127,7 +150,8 @@ def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> Servin
     if fixed is not None:
         return ServingConfigs(long=fixed, short=fixed)
     row = (key.head_dim, key.sliding_window, key.page_size >= LONG_BATCH_MIN_PAGE)
-    long, short = _PARSED.get(row, (DEFAULT_CONFIG, DEFAULT_CONFIG))
+    table = _PARSED_FP8 if key.fp8_kv else _PARSED
+    long, short = table.get(row, (DEFAULT_CONFIG, DEFAULT_CONFIG))
     return ServingConfigs(long=long, short=short)
 
 

@@ -51,10 +51,10 @@ def device_unsupported_reason(device: torch.device | str | None = None) -> str |
 def kernel_reads_fp8(key: KernelKey) -> bool:
     """Whether the compiled kernel reads ``key``'s FP8 cache (issue 30): THE switch that lets
     startup accept ``--kv-cache-dtype fp8`` (backend selection, builder, warmup, fuzz and the GPU
-    tests all ask here). False until the kernel dequantizes FP8 pages; until then an FP8 key
-    has no kernel, so serving refuses it and only the fp32 reference (CPU tests,
-    ``VLLM_FA4_PREFILL_ROUTE=reference``) runs it."""
-    return False
+    tests all ask here). The kernel reads e4m3 caches at every head dim, page size and model
+    feature (kernels/fp8_kv.py); a config it does not build for them (``wide_box``,
+    ``q_prefetch``: KernelConfig.unsupported_reason) is refused at startup as any other."""
+    return key.fp8_kv
 
 
 def kernel_unavailable_reason(

@@ -7,7 +7,7 @@ import logging
 
 import torch
 
-from vllm_fa4.kernels.config import KernelConfig, check_features, dtype_name
+from vllm_fa4.kernels.config import KernelConfig, KernelKey, check_features, dtype_name
 from vllm_fa4.paged_prefill.layout import KvCacheLayout, fit_config, kv_views_problem
 from vllm_fa4.paged_prefill.plan import PrefillPlan
 from vllm_fa4.paged_prefill.reference import paged_attention_reference
@@ -104,8 +104,9 @@ def run_prefill(
     if plan.num_tiles == 0:
         return  # no query rows
 
-    # An FP8 key gets the kernel route only once route.kernel_reads_fp8 holds for it; the
-    # kernel side then passes k_scale / v_scale to the launch (issue 30).
+    # An FP8 key gets the kernel route where route.kernel_reads_fp8 holds for it (issue 30):
+    # S = k_scale * (q . k8) takes k_scale into the softmax scale (the soft cap's prescale
+    # too), O = v_scale * (P v8) / l takes v_scale in the kernel's epilogue.
     if plan.route == "kernel":
         config = _config_for_views(plan, k_cache, v_cache)
         if config is not None:
@@ -121,8 +122,9 @@ def run_prefill(
                 out,
                 lse,
                 plan.args,
-                softmax_scale,
+                softmax_scale * k_scale,
                 **features,
+                **_fp8_scale_args(plan.key, v_scale),
             )
             return
 
@@ -142,6 +144,12 @@ def run_prefill(
     out.copy_(ref_out)
     if lse is not None:
         lse.copy_(ref_lse)
+
+
+def _fp8_scale_args(key: KernelKey, v_scale: float) -> dict:
+    """The launch's ``v_scale`` keyword for an FP8 key (k_scale is in the softmax scale);
+    nothing for a 16-bit one, whose kernel has no such operand."""
+    return dict(v_scale=v_scale) if key.fp8_kv else {}
 
 
 def _check_kv_scales(plan: PrefillPlan, k_scale: float, v_scale: float) -> None:

@@ -253,7 +253,9 @@ class PagedCase:
     def ours(self, plan: PrefillPlan, out, q=None, lse=None, num_ctas=None) -> torch.Tensor:
         """Our kernel on this case into ``out``, launched directly (no route or validation):
         ``plan`` from :meth:`plan`; the window is the plan's, soft cap and sinks the case's
-        (the kernel takes each iff its key says so); ``q`` overrides the case's queries."""
+        (the kernel takes each iff its key says so); ``q`` overrides the case's queries. An
+        FP8 cache's scales go as run_prefill passes them: k_scale in the softmax scale,
+        v_scale to the epilogue."""
         from vllm_fa4.kernels.launch import prefill_forward
 
         prefill_forward(
@@ -265,11 +267,12 @@ class PagedCase:
             out,
             lse,
             plan.args,
-            self.softmax_scale,
+            self.softmax_scale * self.k_scale,
             num_ctas,
             window_left=plan.window_left,
             softcap=self.softcap,
             sinks=self.sinks,
+            v_scale=self.v_scale,
         )
         return out
 

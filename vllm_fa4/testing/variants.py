@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from vllm_fa4 import envs
-from vllm_fa4.kernels.config import SUPPORTED_HEAD_DIMS, KernelConfig, KernelKey
+from vllm_fa4.kernels.config import FP8_E4M3, SUPPORTED_HEAD_DIMS, KernelConfig, KernelKey
 from vllm_fa4.paged_prefill.policy import LONG_BATCH_MIN_PAGE, configured_config, serving_configs
 
 ALL_CONFIGS = tuple(
@@ -80,9 +80,10 @@ def sweep_configs() -> tuple[KernelConfig | None, ...]:
 def representative_keys() -> tuple[KernelKey, ...]:
     """Keys whose serving configs are every config serving can pick (a unit test walks every
     supported key): each head dim at page 16 and at LONG_BATCH_MIN_PAGE, with and without a
-    window (the picks depend on nothing else)."""
+    window, with a 16-bit and an FP8 cache (the picks depend on nothing else)."""
     return tuple(
-        KernelKey("bfloat16", head_dim, page, 4, sliding_window=window)
+        KernelKey("bfloat16", head_dim, page, 4, sliding_window=window, kv_dtype=kv)
+        for kv in (None, FP8_E4M3)
         for head_dim in SUPPORTED_HEAD_DIMS
         for page in (16, LONG_BATCH_MIN_PAGE)
         for window in (False, True)
@@ -91,9 +92,10 @@ def representative_keys() -> tuple[KernelKey, ...]:
 
 def served_configs() -> tuple[tuple[KernelKey, KernelConfig], ...]:
     """(key, config) for every config ``serving_configs`` picks for the representative keys,
-    once per head dim (the tile shapes differ), with the first key that picks it."""
-    seen: dict[tuple[KernelConfig, int], KernelKey] = {}
+    once per head dim and cache dtype (the tile shapes, and an FP8 cache's converter warps,
+    differ), with the first key that picks it."""
+    seen: dict[tuple[KernelConfig, int, str | None], KernelKey] = {}
     for key in representative_keys():
         for config in serving_configs(key).all:
-            seen.setdefault((config, key.head_dim), key)
-    return tuple((key, config) for (config, _), key in seen.items())
+            seen.setdefault((config, key.head_dim, key.kv_dtype), key)
+    return tuple((key, config) for (config, _, _), key in seen.items())

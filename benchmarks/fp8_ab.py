@@ -1,0 +1,195 @@
+"""FP8 (e4m3) KV cache timing (issue 30): our kernel reading the fp8 cache with 16-bit math vs
+vLLM's FA3 FP8 call on the same cache, in one process, contenders interleaved.
+
+Run: python benchmarks/fp8_ab.py [--models llama-3.1-8b,gemma-2-9b] [--pages 16,128]
+                                 [--cases "4kx4,16kx1,2k@16k x2,2k@64k"] [--rounds 3]
+                                 [--fp8-variants "queue_with_work+pv_wait_mid+q_tma+lazy_max"]
+
+Contenders per case (same seeded values; testing.cases: permuted pages, NaN in unused slots):
+  ours-fp8    our kernel on the e4m3 cache, the key's fp8 serving pick per batch (or each of
+              --fp8-variants), k_scale in the softmax scale, v_scale in the epilogue
+  FA3-fp8     what FLASH_ATTN serves with --kv-cache-dtype fp8: vLLM's paged FA3 on the same
+              cache with Q quantized to e4m3 (per-tensor q_scale 1.0, vLLM's uncalibrated
+              default; the quantization is vLLM's attention layer's work, outside the timed
+              call) and q/k/v descales expanded to (num_seqs, num_kv_heads)
+  ours-bf16   our kernel on a bf16 cache holding the dequantized values (its serving pick):
+              what reading fp8 costs our kernel
+  FA3-bf16    vLLM's paged FA3 on that bf16 cache
+Every row shows its time over FA3-fp8's (``/FA3fp8``: > 1 is faster than FA3-fp8).
+Times: median over --rounds interleaved rounds of triton's do_bench median.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import torch
+from triton.testing import do_bench
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import MODELS, attention_flops  # noqa: E402
+from variants_ab import CASES  # noqa: E402
+
+from vllm_fa4.kernels.config import FP8_E4M3, KernelConfig, KernelKey  # noqa: E402
+from vllm_fa4.paged_prefill.policy import serving_configs  # noqa: E402
+from vllm_fa4.testing.cases import make_paged_case  # noqa: E402
+
+DT = torch.bfloat16
+BASELINE = "FA3-fp8"
+DEFAULT_CASES = "4kx4,16kx1,2k@16k x2,2k@64k"
+
+
+def _build(entry) -> None:
+    from vllm_fa4.kernels.compile import get_kernel
+
+    get_kernel(*entry)
+
+
+def precompile(models, pages, fp8_variants, jobs: int) -> None:
+    """Every kernel the run can launch (each key's serving picks, 16-bit and fp8, and the
+    --fp8-variants), compiled ``jobs`` at a time into the disk cache, where the timed
+    process loads them (tools/precompile.py's way)."""
+    entries = set()
+    for model in models:
+        shape = MODELS[model]
+        for page in pages:
+            for kv in (None, FP8_E4M3):
+                key = KernelKey.for_layer(
+                    DT, shape.head_dim, page, shape.num_q_heads, shape.num_kv_heads, kv_dtype=kv
+                )
+                configs = set(serving_configs(key).all)
+                if kv is not None:
+                    configs |= {c for c in fp8_variants if c is not None}
+                entries |= {(key, c, False) for c in configs if c.unsupported_reason(key) is None}
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(_build, sorted(entries, key=repr)))
+    print(f"{len(entries)} kernels compiled or loaded in {time.perf_counter() - t0:.0f} s")
+
+
+def fa3_fp8_call(case, out):
+    """vLLM's FLASH_ATTN FP8 prefill call on ``case``'s e4m3 cache."""
+    from vllm.vllm_flash_attn import flash_attn_varlen_func
+
+    q8 = case.q.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)  # q_scale 1.0
+    shape = (len(case.specs), case.num_kv_heads)
+
+    def descale(value: float) -> torch.Tensor:
+        return torch.tensor(value, dtype=torch.float32, device=case.q.device).expand(shape)
+
+    q_d, k_d, v_d = descale(1.0), descale(case.k_scale), descale(case.v_scale)
+
+    def fn():
+        return flash_attn_varlen_func(
+            q8,
+            case.k_cache,
+            case.v_cache,
+            max_seqlen_q=case.max_seqlen_q,
+            cu_seqlens_q=case.cu_seqlens_q,
+            max_seqlen_k=case.max_seqlen_k,
+            seqused_k=case.seqused_k,
+            softmax_scale=case.softmax_scale,
+            causal=True,
+            block_table=case.page_table,
+            fa_version=3,
+            out=out,
+            q_descale=q_d,
+            k_descale=k_d,
+            v_descale=v_d,
+        )
+
+    return fn
+
+
+def bf16_twin(case):
+    """A bf16 case with the fp8 case's dequantized values (same pages, q, NaN slots)."""
+    twin = make_paged_case(
+        case.specs, case.num_q_heads, case.num_kv_heads, case.head_dim, case.page_size, DT, "cuda"
+    )
+    twin.kv_cache.copy_(case.dequantized_kv_cache().to(DT))
+    return twin
+
+
+def contenders(case, fp8_variants):
+    """name -> timed callable, in print order."""
+    twin = bf16_twin(case)
+    out = case.new_out()
+    fns = {}
+    for config in fp8_variants:
+        name = "ours-fp8" if config is None else f"ours-fp8 {config.spec}"
+        plan = case.plan(config)
+        fns[name] = lambda plan=plan: case.ours(plan, out)
+    fns[BASELINE] = fa3_fp8_call(case, case.new_out())
+    plan16 = twin.plan()
+    fns["ours-bf16"] = lambda: twin.ours(plan16, out)
+    fns["FA3-bf16"] = lambda: twin.fa3(out)
+    return fns
+
+
+def run(model, name, specs, page, fp8_variants, rounds):
+    shape = MODELS[model]
+    hq, hkv, hd = shape.num_q_heads, shape.num_kv_heads, shape.head_dim
+    case = make_paged_case(specs, hq, hkv, hd, page, DT, "cuda", seed=0, fp8_kv=True)
+    fns = contenders(case, fp8_variants)
+    names = list(fns)
+    times = {n: [] for n in names}
+    for r in range(rounds):  # rotated order: drift hits every contender alike
+        for n in names[r % len(names) :] + names[: r % len(names)]:
+            times[n].append(do_bench(fns[n], return_mode="median") * 1e-3)
+    med = {n: statistics.median(ts) for n, ts in times.items()}
+    flops = attention_flops(specs, hq, hd)
+    label = f"{model} {name} p{page}"
+    for i, n in enumerate(names):
+        t = med[n]
+        spread = (max(times[n]) - min(times[n])) / t if rounds > 1 else 0.0
+        print(
+            f"{label if i == 0 else '':>28} | {n:<58} {flops / t / 1e12:6.1f} TFLOP/s "
+            f"{t * 1e3:8.3f} ms  spread {spread:5.1%}  /FA3fp8 {med[BASELINE] / t:.3f}",
+            flush=True,
+        )
+    return {n: med[BASELINE] / med[n] for n in names}
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--models", default="llama-3.1-8b,gemma-2-9b")
+    ap.add_argument("--pages", default="16,128")
+    ap.add_argument("--cases", default=DEFAULT_CASES, help=f"of: {', '.join(CASES)}")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("-j", "--jobs", type=int, default=8, help="parallel compiles before timing")
+    ap.add_argument(
+        "--fp8-variants",
+        default="default",
+        help="space-separated fp8 configs to time besides nothing else ('default': the "
+        "serving pick per batch)",
+    )
+    return ap.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    variants = [
+        None if spec == "default" else KernelConfig.parse(spec)
+        for spec in args.fp8_variants.split()
+    ]
+    pages = [int(p) for p in args.pages.split(",")]
+    precompile(args.models.split(","), pages, variants, args.jobs)
+    print(f"device={torch.cuda.get_device_name()} dtype=bf16 kv=float8_e4m3fn rounds={args.rounds}")
+    ratios: dict[str, list[float]] = {}
+    for model in args.models.split(","):
+        for name in args.cases.split(","):
+            case_pages, specs = CASES[name]
+            for page in pages:
+                if page in case_pages:
+                    for n, r in run(model, name, specs, page, variants, args.rounds).items():
+                        ratios.setdefault(f"{model} {n}", []).append(r)
+    print("geomean over FA3-fp8's time (> 1: faster than FA3-fp8):")
+    for n, rs in ratios.items():
+        print(f"  {n:<70} {statistics.geometric_mean(rs):.3f} (min {min(rs):.3f}, {len(rs)} cases)")
+
+
+if __name__ == "__main__":
+    main()
