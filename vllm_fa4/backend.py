@@ -8,6 +8,7 @@ FLASH_ATTN's, so vLLM writes new K/V with ``reshape_and_cache_flash`` before ``f
 from __future__ import annotations
 
 import inspect
+import logging
 from typing import ClassVar
 
 import torch
@@ -39,9 +40,28 @@ from vllm_fa4.metadata import FA4Metadata, FA4MetadataBuilder
 from vllm_fa4.paged_prefill import run_prefill, split_kv_cache
 from vllm_fa4.paged_prefill.policy import configured_config, serving_configs
 
+logger = logging.getLogger("vllm_fa4")
 _USE_INSTEAD = "use --attention-backend FLASH_ATTN for this model"
 FP8_CACHE = torch.float8_e4m3fn  # how the prefill reads vLLM's fp8 / fp8_e4m3 cache
 FA3_SINK_MAX_Q_HEADS = 64  # FA3's s_aux: "We only support query heads <= 64 with S aux"
+
+
+# Served, not yet fast (issue 30): said once at startup, so the slower prefill is never silent.
+FP8_PREFILL_SPEED_WARNING = (
+    "FA4: --kv-cache-dtype fp8 is served with 16-bit attention math on the FP8 cache (the "
+    "accuracy of bf16 attention on it), but FA4's FP8 prefill kernel is not yet fast: measured "
+    "0.46x the speed of FLASH_ATTN's FP8 prefill at head dim 128 and 0.70x at head dim 256 "
+    "(H100, docs/results/2026-11-26/fp8-ab-h100.log); decode runs FLASH_ATTN's own FP8 path. "
+    "For FP8 prefill speed use --attention-backend FLASH_ATTN"
+)
+_fp8_warned = False
+
+
+def _warn_fp8_prefill_speed_once() -> None:
+    global _fp8_warned
+    if not _fp8_warned:
+        _fp8_warned = True
+        logger.warning(FP8_PREFILL_SPEED_WARNING)
 
 
 def _reason(what: str, supported: str | None = None) -> str:
@@ -272,6 +292,8 @@ class FA4AttentionImpl(FlashAttentionImpl):
         self.supports_quant_query_input = False
         fp8 = kv_cache_dtype in kv_dtypes.FP8_E4M3_NAMES
         self._decode_query_quant = DecodeQueryQuant() if fp8 else None
+        if fp8:
+            _warn_fp8_prefill_speed_once()
         # The metadata builder reads these to pick the kernel key of the layer's group.
         self.model_features = ModelFeatures(
             window_left=None if sliding_window is None else sliding_window - 1,

@@ -343,3 +343,16 @@ def test_cache_write_is_flash_attns_quantizing_one(kernel_reads_fp8, monkeypatch
     (args,) = calls
     assert args[5] == "fp8" and args[6] is layer._k_scale and args[7] is layer._v_scale
     assert args[2].shape == (4, PAGE, HKV, D) and args[2].dtype == torch.uint8
+
+
+def test_fp8_serving_says_once_that_its_prefill_is_slower(kernel_reads_fp8, monkeypatch, caplog):
+    """FP8 is served but its prefill kernel is not yet fast (issue 30): the first FP8 impl
+    logs it with the measured ratio and FLASH_ATTN as the faster choice, once per process."""
+    import vllm_fa4.backend as backend_mod
+
+    monkeypatch.setattr(backend_mod, "_fp8_warned", False)
+    with caplog.at_level("WARNING", logger="vllm_fa4"):
+        FA4AttentionImpl(**IMPL_ARGS)
+        FA4AttentionImpl(**IMPL_ARGS)
+    said = [r.getMessage() for r in caplog.records if "FP8 prefill" in r.getMessage()]
+    assert len(said) == 1 and "FLASH_ATTN" in said[0] and "0.46x" in said[0]
