@@ -124,7 +124,7 @@ def run_prefill(
                 plan.args,
                 softmax_scale * k_scale,
                 **features,
-                **_fp8_scale_args(plan.key, v_scale),
+                **fp8_scale_args(plan.key, v_scale),
             )
             return
 
@@ -146,7 +146,7 @@ def run_prefill(
         lse.copy_(ref_lse)
 
 
-def _fp8_scale_args(key: KernelKey, v_scale: float) -> dict:
+def fp8_scale_args(key: KernelKey, v_scale: float) -> dict:
     """The launch's ``v_scale`` keyword for an FP8 key (k_scale is in the softmax scale);
     nothing for a 16-bit one, whose kernel has no such operand."""
     return dict(v_scale=v_scale) if key.fp8_kv else {}

@@ -257,6 +257,7 @@ class PagedCase:
         FP8 cache's scales go as run_prefill passes them: k_scale in the softmax scale,
         v_scale to the epilogue."""
         from vllm_fa4.kernels.launch import prefill_forward
+        from vllm_fa4.paged_prefill.run import fp8_scale_args
 
         prefill_forward(
             plan.key,
@@ -272,7 +273,7 @@ class PagedCase:
             window_left=plan.window_left,
             softcap=self.softcap,
             sinks=self.sinks,
-            v_scale=self.v_scale,
+            **fp8_scale_args(plan.key, self.v_scale),
         )
         return out
 
