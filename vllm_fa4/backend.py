@@ -290,9 +290,9 @@ class FA4AttentionImpl(FlashAttentionImpl):
         # Never quantize Q in the layer: prefill rows take 16-bit Q. With an FP8 cache the
         # decode rows get FP8 Q from DecodeQueryQuant instead (fp8_decode.py).
         self.supports_quant_query_input = False
-        fp8 = kv_cache_dtype in kv_dtypes.FP8_E4M3_NAMES
-        self._decode_query_quant = DecodeQueryQuant() if fp8 else None
-        if fp8:
+        self._fp8_cache = kv_cache_dtype in kv_dtypes.FP8_E4M3_NAMES
+        self._decode_query_quant = DecodeQueryQuant() if self._fp8_cache else None
+        if self._fp8_cache:
             _warn_fp8_prefill_speed_once()
         # The metadata builder reads these to pick the kernel key of the layer's group.
         self.model_features = ModelFeatures(
@@ -364,7 +364,7 @@ class FA4AttentionImpl(FlashAttentionImpl):
                 )
             k_cache, v_cache = split_kv_cache(kv_cache, self.head_size)
             scales = {}
-            if self._decode_query_quant is not None:  # an FP8 cache (vLLM's tensor is uint8)
+            if self._fp8_cache:  # vLLM's cache tensor is uint8: view it as e4m3
                 k_cache, v_cache = k_cache.view(FP8_CACHE), v_cache.view(FP8_CACHE)
                 # host floats, read every step: 0.26's calculate_kv_scales sets them after
                 # startup (once, in the first forward); a device scale's .item() would sync
@@ -394,7 +394,7 @@ class FA4AttentionImpl(FlashAttentionImpl):
     ) -> None:
         """FA3 on the decode rows, as FLASH_ATTN runs them: with an FP8 cache, Q quantized
         by the layer's scale and q_descale passed (fp8_decode.py)."""
-        if self._decode_query_quant is None:
+        if not self._fp8_cache:
             super().forward(layer, query, key, value, kv_cache, decode, output)
             return
         fp8_query = self._decode_query_quant(layer, query[: decode.num_actual_tokens])

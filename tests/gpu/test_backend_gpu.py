@@ -9,6 +9,7 @@ import random
 
 import pytest
 import torch
+from helpers.vllm_layers import common_metadata, register_layer
 
 pytestmark = pytest.mark.gpu
 
@@ -51,39 +52,6 @@ class _Layer(torch.nn.Module):
         self._q_scale_float = self._k_scale_float = self._v_scale_float = 1.0
 
 
-def _register_layer(config, name, impl):
-    """The layer in vLLM's forward context, where the builders find its impl's settings: an
-    ``Attention`` (FA3's builder reads the sliding window of ``Attention`` layers only, for
-    its ahead-of-time schedule) built without its constructor."""
-    from vllm.model_executor.layers.attention import Attention
-
-    class _ContextLayer(Attention):
-        def __init__(self):
-            torch.nn.Module.__init__(self)
-            self.impl = impl
-
-    config.compilation_config.static_forward_context[name] = _ContextLayer()
-
-
-def _common_metadata(case):
-    from vllm.v1.attention.backend import CommonAttentionMetadata
-
-    qsl = case.query_start_loc_cpu
-    q_lens = (qsl[1:] - qsl[:-1]).tolist()
-    return CommonAttentionMetadata(
-        query_start_loc=case.cu_seqlens_q,
-        query_start_loc_cpu=qsl,
-        seq_lens=case.seqused_k,
-        num_reqs=len(q_lens),
-        num_actual_tokens=int(qsl[-1]),
-        max_query_len=max(q_lens),
-        max_seq_len=int(case.seq_lens_cpu.max()),
-        block_table_tensor=case.block_table,
-        slot_mapping=case.slot_mapping,
-        seq_lens_cpu_upper_bound=case.seq_lens_cpu,
-    )
-
-
 def _run_backend(backend_cls, config, case, cm, new_k, new_v, layer="layer.0"):
     """One layer of ``backend_cls`` on the case; the case's window / soft cap / sinks become
     the impl's arguments and the cache spec, as vLLM passes them for such a model."""
@@ -111,7 +79,7 @@ def _run_backend(backend_cls, config, case, cm, new_k, new_v, layer="layer.0"):
         logits_soft_cap=case.softcap,
         sinks=None if case.sinks is None else case.sinks.to(torch.bfloat16),  # FA3: bf16 only
     )
-    _register_layer(config, layer, impl)
+    register_layer(config, layer, impl)
     builder = backend_cls.get_builder_cls()(spec, [layer], config, torch.device("cuda"))
     md = builder.build(0, cm)
     kv_cache = case.kv_cache.clone().permute(0, 2, 1, 3)  # vLLM's logical (N, Hkv, page, 2D)
@@ -191,7 +159,7 @@ def _compare_with_flash_attn(vllm_config_for, seed, features, config=None, layer
     new_k = flat[case.slot_mapping, :, :d].clone()
     new_v = flat[case.slot_mapping, :, d:].clone()
     flat[case.slot_mapping] = float("nan")
-    cm = _common_metadata(case)
+    cm = common_metadata(case)
 
     out_fa3, _ = _run_backend(FlashAttentionBackend, config, case, cm, new_k, new_v, layer)
     out_fa4, md = _run_backend(FA4AttentionBackend, config, case, cm, new_k, new_v, layer)

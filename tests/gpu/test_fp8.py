@@ -18,6 +18,7 @@ import random
 
 import pytest
 import torch
+from helpers.vllm_layers import common_metadata, register_layer
 
 from vllm_fa4.kernels.config import SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES, KernelKey
 from vllm_fa4.paged_prefill.policy import serving_configs
@@ -132,36 +133,6 @@ class _Layer(torch.nn.Module):
             setattr(self, f"{name}_scale_float", float(value))
 
 
-def _register_layer(config, name, impl):
-    from vllm.model_executor.layers.attention import Attention
-
-    class _ContextLayer(Attention):
-        def __init__(self):
-            torch.nn.Module.__init__(self)
-            self.impl = impl
-
-    config.compilation_config.static_forward_context[name] = _ContextLayer()
-
-
-def _common_metadata(case):
-    from vllm.v1.attention.backend import CommonAttentionMetadata
-
-    qsl = case.query_start_loc_cpu
-    q_lens = (qsl[1:] - qsl[:-1]).tolist()
-    return CommonAttentionMetadata(
-        query_start_loc=case.cu_seqlens_q,
-        query_start_loc_cpu=qsl,
-        seq_lens=case.seqused_k,
-        num_reqs=len(q_lens),
-        num_actual_tokens=int(qsl[-1]),
-        max_query_len=max(q_lens),
-        max_seq_len=int(case.seq_lens_cpu.max()),
-        block_table_tensor=case.block_table,
-        slot_mapping=case.slot_mapping,
-        seq_lens_cpu_upper_bound=case.seq_lens_cpu,
-    )
-
-
 class _Backend:
     """One layer of a backend with an fp8 cache: impl, builder, the layer's Q quantization
     (vLLM's Attention layer does it when the impl says ``supports_quant_query_input``)."""
@@ -180,7 +151,7 @@ class _Backend:
             None,
             "fp8",
         )
-        _register_layer(config, layer_name, self.impl)
+        register_layer(config, layer_name, self.impl)
         spec = FullAttentionSpec(
             block_size=case.page_size,
             num_kv_heads=case.num_kv_heads,
@@ -270,7 +241,7 @@ def test_backend_with_fp8_cache(fp8_vllm_config, monkeypatch, seed, route):
     new_k = flat[case.slot_mapping, :, :d].to(torch.bfloat16)
     new_v = flat[case.slot_mapping, :, d:].to(torch.bfloat16)
     case.kv_cache.view(torch.uint8).view(-1, hkv, 2 * d)[case.slot_mapping] = FP8_NAN_BYTE
-    cm = _common_metadata(case)
+    cm = common_metadata(case)
     q = case.q.contiguous()
 
     def vllm_view(cache):  # vLLM's logical (blocks, Hkv, page, 2D) uint8 view

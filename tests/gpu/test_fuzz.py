@@ -39,6 +39,7 @@ import time
 
 import pytest
 import torch
+from helpers.vllm_layers import register_layer
 
 from vllm_fa4 import envs
 from vllm_fa4.kernels.config import KernelKey
@@ -415,20 +416,6 @@ class _Ctx:
         return self.configs[key]
 
 
-def _register_layer(vllm_config, name, impl):
-    """The layer in vLLM's forward context, where the builders find its window, cap and sinks:
-    an ``Attention`` (FA3's builder reads the window of ``Attention`` layers only) built
-    without its constructor (as tests/gpu/test_backend_gpu.py does)."""
-    from vllm.model_executor.layers.attention import Attention
-
-    class _ContextLayer(Attention):
-        def __init__(self):
-            torch.nn.Module.__init__(self)
-            self.impl = impl
-
-    vllm_config.compilation_config.static_forward_context[name] = _ContextLayer()
-
-
 def _cache_spec(case):
     """The layer's KV cache spec as vLLM makes it: a sliding-window spec for a windowed layer,
     ``page_size_padded`` (bytes) for a padded layout (a cross-layer layout keeps the layer's
@@ -465,7 +452,7 @@ def _run_backend(backend_cls, vllm_config, case, cm, q, k, v, kv_cache, slot_map
         logits_soft_cap=case.softcap,
         sinks=sinks,
     )
-    _register_layer(vllm_config, "layer.0", impl)
+    register_layer(vllm_config, "layer.0", impl)
     builder = backend_cls.get_builder_cls()(
         _cache_spec(case), ["layer.0"], vllm_config, torch.device(DEVICE)
     )
