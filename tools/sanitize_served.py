@@ -5,14 +5,18 @@ compute-sanitizer (memcheck, racecheck, synccheck) to watch.
     python tools/sanitize_served.py --precompile            # compile into the disk cache first
     compute-sanitizer --tool memcheck python tools/sanitize_served.py
     compute-sanitizer --tool racecheck python tools/sanitize_served.py --short-only --shard 0/8
+    compute-sanitizer --tool memcheck python tools/sanitize_served.py --fp8-only   # or --no-fp8
 
 The set is ``serving_configs(key).all`` over keys that make different code: head dims 64 /
 128 / 256, pages 16 and 128, both dtypes at head dim 128, the model features (window, soft
-cap, sinks: gpt-oss's and Gemma 2's keys), plus each config refitted to a padded cache
-(``page_size_padded``), which turns wide_box into per-chunk boxes. Each (key, config) runs
-a short batch and a long one through ``run_prefill`` on NaN-poisoned caches and checks the
-output against the fp32 reference (so a run that "passes" the sanitizer also computed the
-right thing). Prints one line per run and a summary; exits 1 on a wrong output.
+cap, sinks: gpt-oss's and Gemma 2's keys), the same families on an FP8 (e4m3) KV cache
+(policy.FP8_TABLE's rows: its converter warps, staging ring and scales), plus each config
+refitted to a padded cache (``page_size_padded``, PAD_BYTES after each page), which turns
+wide_box into per-chunk boxes. Each (key, config) runs a short batch and a long one through
+``run_prefill`` on NaN-poisoned caches (an FP8 cache with its k_scale / v_scale) and checks
+the output against the fp32 reference (on the dequantized cache for FP8), so a run that
+"passes" the sanitizer also computed the right thing. Prints one line per run and a summary;
+exits 1 on a wrong output.
 """
 
 from __future__ import annotations
@@ -21,92 +25,189 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from vllm_fa4.kernels.config import KernelKey  # noqa: E402
+from vllm_fa4.kernels.config import FP8_E4M3, KernelConfig, KernelKey  # noqa: E402
 from vllm_fa4.paged_prefill.policy import serving_configs  # noqa: E402
 
-# (dtype, head dim, page, Hq, Hkv, window_left, softcap, sinks)
+
+class Shape(NamedTuple):
+    """One attention layer's shape: the model's dtype, head dim, page, heads, features and
+    the KV cache's dtype (None: the model's; FP8_E4M3: an e4m3 cache with per-tensor scales)."""
+
+    dtype: str
+    head_dim: int
+    page: int
+    hq: int
+    hkv: int
+    window: int | None = None  # window_left
+    softcap: float | None = None
+    sinks: bool = False
+    kv_dtype: str | None = None
+
+    @property
+    def key(self) -> KernelKey:
+        return KernelKey.for_layer(
+            self.dtype,
+            self.head_dim,
+            self.page,
+            self.hq,
+            self.hkv,
+            sliding_window=self.window is not None,
+            softcap=self.softcap is not None,
+            sinks=self.sinks,
+            kv_dtype=self.kv_dtype,
+        )
+
+    @property
+    def element_size(self) -> int:
+        """Bytes per cache element: 1 for an FP8 cache, 2 for a 16-bit one."""
+        return getattr(torch, self.kv_dtype or self.dtype).itemsize
+
+    @property
+    def label(self) -> str:
+        label = f"{self.dtype} hd{self.head_dim} p{self.page} {self.hq}/{self.hkv}"
+        label += f" w{self.window}" if self.window is not None else ""
+        label += f" cap{self.softcap:g}" if self.softcap is not None else ""
+        label += " sinks" if self.sinks else ""
+        return label + (" fp8" if self.kv_dtype == FP8_E4M3 else "")
+
+
+FP8 = FP8_E4M3
 SHAPES = (
-    ("bfloat16", 128, 16, 32, 8, None, None, False),  # Llama-3.1-8B
-    ("float16", 128, 16, 32, 8, None, None, False),
-    ("bfloat16", 128, 128, 32, 8, None, None, False),
-    ("bfloat16", 128, 16, 32, 8, 4095, None, False),
-    ("bfloat16", 64, 16, 32, 8, None, None, False),  # Llama-3.2-1B
-    ("bfloat16", 64, 128, 32, 8, None, None, False),
-    ("bfloat16", 64, 16, 64, 8, 127, None, True),  # gpt-oss windowed layers
-    ("bfloat16", 64, 16, 64, 8, None, None, True),  # gpt-oss global layers
-    ("bfloat16", 256, 16, 16, 8, 4095, 50.0, False),  # Gemma 2 local layers
-    ("bfloat16", 256, 128, 16, 8, None, 50.0, False),  # Gemma 2 global layers
+    Shape("bfloat16", 128, 16, 32, 8),  # Llama-3.1-8B
+    Shape("float16", 128, 16, 32, 8),
+    Shape("bfloat16", 128, 128, 32, 8),
+    Shape("bfloat16", 128, 16, 32, 8, window=4095),
+    Shape("bfloat16", 64, 16, 32, 8),  # Llama-3.2-1B
+    Shape("bfloat16", 64, 128, 32, 8),
+    Shape("bfloat16", 64, 16, 64, 8, window=127, sinks=True),  # gpt-oss windowed layers
+    Shape("bfloat16", 64, 16, 64, 8, sinks=True),  # gpt-oss global layers
+    Shape("bfloat16", 256, 16, 16, 8, window=4095, softcap=50.0),  # Gemma 2 local layers
+    Shape("bfloat16", 256, 128, 16, 8, softcap=50.0),  # Gemma 2 global layers
+    # FP8 (e4m3) caches, --kv-cache-dtype fp8 (FP8_TABLE): every row serving can launch.
+    # Head dim 128: pages_ahead + staged_epilogue, two staging slots (Llama-3.1-8B).
+    Shape("bfloat16", 128, 16, 32, 8, kv_dtype=FP8),
+    # The fp16 model: the converter's e4m3 -> f16 route (bf16 takes another).
+    Shape("float16", 128, 16, 32, 8, kv_dtype=FP8),
+    # Page 128: one box a K/V tile, the page-128 row (no pages_ahead).
+    Shape("bfloat16", 128, 128, 32, 8, kv_dtype=FP8),
+    # Head dim 128 with a window: its own row (queue+overlap, no q_prefetch for fp8).
+    Shape("bfloat16", 128, 16, 32, 8, window=4095, kv_dtype=FP8),
+    # Head dim 64: queue_with_work + q_tma + three consumer warpgroups (Llama-3.2-1B).
+    Shape("bfloat16", 64, 16, 32, 8, kv_dtype=FP8),
+    # gpt-oss: windowed layers (queue+overlap+mma_wgs=3 instead of q_prefetch) and global
+    # ones (the head-dim-64 row with sinks).
+    Shape("bfloat16", 64, 16, 64, 8, window=127, sinks=True, kv_dtype=FP8),
+    Shape("bfloat16", 64, 16, 64, 8, sinks=True, kv_dtype=FP8),
+    # Gemma 2 at page 16: head dim 256's single staging slot, soft cap; the local layers'
+    # window, the global layers' row (lazy_max for long batches).
+    Shape("bfloat16", 256, 16, 16, 8, window=4095, softcap=50.0, kv_dtype=FP8),
+    Shape("bfloat16", 256, 16, 16, 8, softcap=50.0, kv_dtype=FP8),
+    # Gemma 2 global layers at page 128: one_per_cta (converters without a queue), boxes of
+    # half a page (tile_n 64).
+    Shape("bfloat16", 256, 128, 16, 8, softcap=50.0, kv_dtype=FP8),
 )
 SHORT = [(70, 300), (130, 130), (1, 40), (0, 9)]
 LONG = [(1500, 2600), (777, 777)]
-PAD_ELEMS = 64  # 128 bytes per block: 16-byte aligned, not a whole wide box
+# Bytes after each page (vLLM's page_size_padded - page bytes): 16-byte aligned (the kernel's
+# and startup's rule), a whole number of elements of either cache dtype (64 bf16, 128 e4m3)
+# and not a whole wide box, so wide_box refits to per-chunk boxes.
+PAD_BYTES = 128
 
 
-def _cases(shape, seed, batches):
+def _wanted(shape: Shape, fp8: bool | None) -> bool:
+    """``fp8`` None: every shape; True: only FP8 caches; False: only 16-bit ones."""
+    return fp8 is None or (shape.kv_dtype is not None) == fp8
+
+
+def shapes(fp8: bool | None = None) -> tuple[Shape, ...]:
+    """SHAPES, filtered by ``fp8`` (``_wanted``)."""
+    return tuple(s for s in SHAPES if _wanted(s, fp8))
+
+
+def padded_layout(shape: Shape):
+    """The shape's cache layout with PAD_BYTES after each page (the shape's element size)."""
+    from vllm_fa4.paged_prefill.layout import KvCacheLayout
+
+    esize = shape.element_size
+    page_bytes = shape.page * shape.hkv * 2 * shape.head_dim * esize + PAD_BYTES
+    return KvCacheLayout.packed(shape.page, shape.hkv, shape.head_dim, esize, page_bytes)
+
+
+def served(shape: Shape) -> list[tuple[KernelConfig, bool]]:
+    """(config, padded) for each config serving launches for ``shape``'s key: as served on
+    the packed cache, and refitted to the padded one (``fit_config``). Host only."""
+    from vllm_fa4.paged_prefill.layout import fit_config
+
+    key, layout = shape.key, padded_layout(shape)
+    configs = {(c, False) for c in serving_configs(key).all}
+    configs |= {(fit_config(c, key, layout), True) for c in serving_configs(key).all}
+    return sorted(configs, key=lambda cp: (cp[0].spec, cp[1]))
+
+
+def pairs(fp8: bool | None = None) -> Iterator[tuple[str, KernelKey, KernelConfig, bool]]:
+    """(label, key, config, padded) of every run, without a GPU (``runs`` minus the cases)."""
+    for shape in shapes(fp8):
+        for config, pad in served(shape):
+            yield shape.label, shape.key, config, pad
+
+
+def _cases(shape: Shape, seed, batches):
     from vllm_fa4.testing.cases import make_paged_case
 
-    dtype, hd, page, hq, hkv, window, cap, sinks = shape
     for specs in batches:
         yield make_paged_case(
             specs,
-            hq,
-            hkv,
-            hd,
-            page,
-            getattr(torch, dtype),
+            shape.hq,
+            shape.hkv,
+            shape.head_dim,
+            shape.page,
+            getattr(torch, shape.dtype),
             "cuda",
             seed=seed,
-            window_left=window,
-            softcap=cap,
-            sinks=sinks,
+            window_left=shape.window,
+            softcap=shape.softcap,
+            sinks=shape.sinks,
+            fp8_kv=shape.kv_dtype == FP8_E4M3,
         )
 
 
-def _padded_views(case, pad: int):
-    """The case's cache copied into a padded-page layout (vLLM's page_size_padded)."""
+def _padded_views(case, pad_bytes: int):
+    """The case's cache copied into a padded-page layout (vLLM's page_size_padded: pad_bytes
+    after each page), in the cache's own dtype; the pads are NaN (e4m3: its byte 0x7f)."""
     from vllm_fa4.paged_prefill import split_kv_cache
+    from vllm_fa4.testing.cases import FP8_NAN_BYTE
 
-    nb, page, hkv, packed = case.kv_cache.shape
-    block = page * hkv * packed + pad
-    raw = torch.full((nb * block,), float("nan"), dtype=case.dtype, device=case.kv_cache.device)
-    phys = raw.as_strided(case.kv_cache.shape, (block, hkv * packed, packed, 1))
-    phys.copy_(case.kv_cache)
+    cache = case.kv_cache
+    nb, page, hkv, packed = cache.shape
+    block = page * hkv * packed + pad_bytes // cache.element_size()
+    if case.fp8_kv:  # torch has no NaN fill for e4m3: its bit pattern
+        raw = torch.full((nb * block,), FP8_NAN_BYTE, dtype=torch.uint8, device=cache.device)
+        raw = raw.view(cache.dtype)
+    else:
+        raw = torch.full((nb * block,), float("nan"), dtype=cache.dtype, device=cache.device)
+    phys = raw.as_strided(cache.shape, (block, hkv * packed, packed, 1))
+    phys.copy_(cache)
     return split_kv_cache(phys.permute(0, 2, 1, 3), case.head_dim)
 
 
-def runs(batches=(SHORT, LONG)):
+def runs(batches=(SHORT, LONG), fp8: bool | None = None):
     """(label, key, config, case, padded) for every served config on each shape."""
-    from vllm_fa4.paged_prefill.layout import KvCacheLayout, fit_config
-
     for i, shape in enumerate(SHAPES):
-        dtype, hd, page, hq, hkv, window, cap, sinks = shape
-        key = KernelKey.for_layer(
-            dtype,
-            hd,
-            page,
-            hq,
-            hkv,
-            sliding_window=window is not None,
-            softcap=cap is not None,
-            sinks=sinks,
-        )
-        esize = 2
-        padded = KvCacheLayout.packed(page, hkv, hd, esize, (page * hkv * 2 * hd + PAD_ELEMS) * 2)
-        configs = {(c, False) for c in serving_configs(key).all}
-        configs |= {(fit_config(c, key, padded), True) for c in serving_configs(key).all}
+        if not _wanted(shape, fp8):
+            continue
+        configs = served(shape)
         for case in _cases(shape, 100 + i, batches):
-            for config, pad in sorted(configs, key=lambda cp: (cp[0].spec, cp[1])):
-                label = f"{dtype} hd{hd} p{page} {hq}/{hkv}"
-                label += f" w{window}" if window is not None else ""
-                label += f" cap{cap:g}" if cap is not None else ""
-                label += " sinks" if sinks else ""
-                yield label, key, config, case, pad
+            assert case.key == shape.key, (case.key, shape.key)
+            for config, pad in configs:
+                yield shape.label, shape.key, config, case, pad
 
 
 def main(argv=None) -> int:
@@ -120,6 +221,13 @@ def main(argv=None) -> int:
         default="0/1",
         help="I/N: every N-th run from the I-th (racecheck: N processes side by side)",
     )
+    kv = ap.add_mutually_exclusive_group()
+    kv.add_argument(
+        "--fp8-only", dest="fp8", action="store_const", const=True, help="only FP8-cache shapes"
+    )
+    kv.add_argument(
+        "--no-fp8", dest="fp8", action="store_const", const=False, help="only 16-bit caches"
+    )
     args = ap.parse_args(argv)
     index, shards = (int(x) for x in args.shard.split("/"))
     os.environ["VLLM_FA4_PREFILL_ROUTE"] = "kernel"
@@ -128,7 +236,7 @@ def main(argv=None) -> int:
 
     seen, bad, count, t0 = set(), 0, 0, time.perf_counter()
     batches = (SHORT,) if args.short_only else (SHORT, LONG)
-    for n, (label, key, config, case, pad) in enumerate(runs(batches)):
+    for n, (label, key, config, case, pad) in enumerate(runs(batches, args.fp8)):
         if n % shards != index:
             continue
         if (key, config) not in seen:
@@ -137,7 +245,7 @@ def main(argv=None) -> int:
         if args.precompile:
             continue
         plan = case.plan(config)
-        k, v = _padded_views(case, PAD_ELEMS) if pad else (case.k_cache, case.v_cache)
+        k, v = _padded_views(case, PAD_BYTES) if pad else (case.k_cache, case.v_cache)
         out = case.new_out()
         run_prefill(
             plan,
@@ -148,15 +256,16 @@ def main(argv=None) -> int:
             softmax_scale=case.softmax_scale,
             softcap=case.softcap,
             sinks=case.sinks,
+            **case.kv_scales,  # an FP8 cache's k_scale / v_scale (1.0 for 16-bit)
         )
         torch.cuda.synchronize()
-        ref, _ = case.reference()
+        ref, _ = case.reference()  # fp32, on the dequantized cache for FP8 (the GPU tests')
         err = float((out.float() - ref).abs().max())
         ok = bool(torch.isfinite(out).all()) and err < 0.02 * max(1.0, float(ref.abs().max()))
         bad += not ok
         count += 1
         layout = "padded" if pad else "packed"
-        print(f"{'ok ' if ok else 'BAD'} {label:<36} {layout:<6} {config.spec}  max err {err:.2e}")
+        print(f"{'ok ' if ok else 'BAD'} {label:<40} {layout:<6} {config.spec}  max err {err:.2e}")
     what = "compiled" if args.precompile else f"ran {count} batches,"
     print(f"{what} {len(seen)} (key, config) pairs, {bad} wrong, {time.perf_counter() - t0:.0f} s")
     return 1 if bad else 0

@@ -10,6 +10,7 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 import pytest  # noqa: E402
 
+from vllm_fa4.kernels import fp8_kv  # noqa: E402
 from vllm_fa4.kernels.config import (  # noqa: E402
     FP8_E4M3,
     SMEM_BYTES,
@@ -114,6 +115,71 @@ def test_fp8_kernel_ptx_converts_in_the_producer(tmp_path, monkeypatch):
     subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=600)
     (ptx,) = tmp_path.rglob("*.ptx")
     text = ptx.read_text()
-    assert text.count("cvt.rn.f16x2.e4m3x2") >= 4
-    assert "cvt.rn.bf16x2.f32" in text
+    assert text.count("cvt.rn.f16x2.e4m3x2") >= 8
+    if fp8_kv.BF16_PACK == "prmt":  # the f32s' top halves, no second F2FP
+        assert text.count("prmt.b32") >= 8
+    else:
+        assert "cvt.rn.bf16x2.f32" in text
     assert "fence.proxy.async.shared::cta" in text
+
+
+def _prmt(a: int, b: int, selector: int) -> int:
+    """PTX prmt.b32 (default mode): byte i of the result is byte selector[i] of {b, a}."""
+    pool = (b << 32 | a).to_bytes(8, "little")
+    return int.from_bytes(bytes(pool[(selector >> 4 * i) & 7] for i in range(4)), "little")
+
+
+def test_bf16_prmt_pack_is_exact_for_every_e4m3_pair():
+    """The "prmt" pack takes each f32's top half as its bf16: exact for every e4m3 value
+    (3 mantissa bits fit in bf16's 7), NaN stays NaN, and the low element lands in the low
+    half. Fails if the selector picks the wrong bytes or swaps the pair."""
+    import re
+
+    import torch
+
+    selector = int(re.search(r"0x([0-9a-f]+)", fp8_kv._PACKS["prmt"]).group(0), 16)
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
+    f32_bits = codes.float().view(torch.int32).tolist()
+    bf16_bits = codes.float().to(torch.bfloat16).view(torch.int16).tolist()
+    for lo in range(256):
+        hi = (lo * 37 + 11) % 256  # every code in each position
+        word = _prmt(f32_bits[lo] & 0xFFFFFFFF, f32_bits[hi] & 0xFFFFFFFF, selector)
+        for half, code in ((word & 0xFFFF, lo), (word >> 16, hi)):
+            if torch.isnan(codes[code].float()):
+                assert (half & 0x7F80) == 0x7F80 and (half & 0x7F), (code, hex(half))
+            else:
+                assert half == bf16_bits[code] & 0xFFFF, (code, hex(half))
+
+
+def test_converter_warps_leave_the_loading_warps_alone():
+    assert fp8_kv.converter_warps(False) == (1, 2, 3)
+    assert fp8_kv.converter_warps(True) == (2, 3)
+
+
+@pytest.mark.parametrize("element_bytes", [1, 2])
+@pytest.mark.parametrize("tile_base", [0, 1024, 3 * 16384])
+def test_hoisted_swizzle_offsets_match_the_swizzle_for_every_element(element_bytes, tile_base):
+    """convert_tile adds offsets computed once per block (unit_offsets) to unswizzled
+    addresses. Walk every lane's every piece of a (128, 128) tile in 64-column chunks, as
+    _warp_copy maps them, and compare each element's address with the swizzled one. One
+    offset per 32-byte piece (bc94cb9's wrong GPU results) fails here."""
+    bits, base, shift = fp8_kv.SWIZZLES[8 * element_bytes]
+
+    def swizzled(addr):
+        return addr ^ ((addr >> shift) & (((1 << bits) - 1) << base))
+
+    rows, chunk_cols = 128, fp8_kv.D_CHUNK
+    row_bytes = chunk_cols * element_bytes
+    piece_bytes = fp8_kv.VEC * element_bytes
+    for lane in range(32):
+        row0, col0 = lane // fp8_kv.LANES_PER_ROW, (lane % fp8_kv.LANES_PER_ROW) * fp8_kv.VEC
+        first = tile_base + row0 * row_bytes + col0 * element_bytes
+        offsets = fp8_kv.unit_offsets(first, element_bytes, piece_bytes)
+        assert len(offsets) == piece_bytes // fp8_kv.UNIT_BYTES
+        for group in range(rows // 8):
+            for chunk in range(2):
+                piece = first + group * 8 * row_bytes + chunk * rows * row_bytes
+                for i in range(fp8_kv.VEC):
+                    unit = i * element_bytes // fp8_kv.UNIT_BYTES
+                    got = piece + (i + offsets[unit]) * element_bytes
+                    assert got == swizzled(piece + i * element_bytes), (lane, group, chunk, i)

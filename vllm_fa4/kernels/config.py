@@ -419,7 +419,7 @@ class KernelConfig:
 
     def register_split(self, key: KernelKey) -> tuple[int, int]:
         """(producer, consumer) registers per thread for ``key``'s kernel. An fp8 cache's
-        converter warps (fp8_kv.py: a piece's 2 + 4 words, the loop's addresses and the
+        converter warps (fp8_kv.py: a piece's 4 + 8 words, the loop's addresses and the
         four pipeline states) take the larger producer share, as reading pages ahead does."""
         return self._register_split(self.page_read is PageRead.BLOCK_AHEAD or key.fp8_kv)
 

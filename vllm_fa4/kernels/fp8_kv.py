@@ -2,15 +2,16 @@
 
 The producer's TMA loads each fp8 K/V tile, exactly as it loads a 16-bit one (same boxes,
 same zero fill past the request's last page), into a staging ring (``KvStaging.staged``).
-Two converter warps of the producer warpgroup turn each staged tile into the model's dtype
-and store it into the ordinary swizzled K/V stage, which the consumers read as before: the
+Converter warps of the producer warpgroup turn each staged tile into the model's dtype and
+store it into the ordinary swizzled K/V stage, which the consumers read as before: the
 16-bit stage's "full" barrier counts the converters' arrivals instead of TMA bytes.
 
-e4m3 -> f16 is one ``cvt.rn.f16x2.e4m3x2`` per pair (exact: every e4m3 value, subnormals
-included, is a normal f16). bf16 goes on through f32 (exact again: 3 bits of mantissa fit
-in 7), 4 SASS per pair in all; a bit-level exponent rebias costs as many instructions
-(mask, shift, sign merge and a power-of-two multiply) and turns NaN into a finite value,
-whereas this path keeps NaN a NaN (the mask's -inf and the V tail's zeros deal with it).
+A pair of e4m3 values (``e4m3_pair``) converts exactly: ``cvt.rn.f16x2.e4m3x2`` (one F2FP:
+every e4m3 value is a normal f16 or zero) gives an fp16 model's pair; a bf16 model's goes on
+through f32 (2 HADD2.F32), and bf16 is then the top half of each f32 (3 bits of mantissa fit
+in 7), picked by one PRMT on the ALU: F2FP issues at a quarter of the ALU's rate and bound
+the conversion (docs/perf-notes.md, FP8). NaN stays NaN (the mask's -inf and the V tail's
+zeros deal with it).
 The scales are not applied here: k_scale is in the softmax scale, v_scale in the epilogue.
 """
 
@@ -25,27 +26,54 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from vllm_fa4.kernels.paged_kv import D_CHUNK
 
-CONVERTER_WARPS = (2, 3)  # producer warps: 0 issues Q/K TMA (and the queue), 1 V (`v_warp`)
-CONVERTER_THREADS = 32 * len(CONVERTER_WARPS)
-VEC = 8  # elements per thread per step: 8 bytes of fp8 in, 16 bytes of f16/bf16 out
+# A/B switch for the GPU (docs/perf-notes.md FP8; flip with sed in a copy of the tree): a bf16
+# pair packed by "prmt" (the f32s' top halves, 1 F2FP a pair) or "f2fp" (cvt.rn.bf16x2.f32, 2).
+BF16_PACK = "prmt"
 
-_TO_F16 = "cvt.rn.f16x2.e4m3x2 $0, {half};"
-_TO_BF16 = (
+VEC = 16  # elements per lane per step: 16 bytes of fp8 in, 2 x 16 bytes of f16/bf16 out
+LANES_PER_ROW = D_CHUNK // VEC  # a warp covers 8 rows of one 64-column chunk per step
+
+_CVT_F16 = "cvt.rn.f16x2.e4m3x2 $0, {half};"
+_CVT_BF16 = (
     "{{.reg .b32 h; .reg .b16 a, b; .reg .f32 x, y;"
     " cvt.rn.f16x2.e4m3x2 h, {half}; mov.b32 {{a, b}}, h;"
-    " cvt.f32.f16 x, a; cvt.f32.f16 y, b; cvt.rn.bf16x2.f32 $0, y, x;}}"
+    " cvt.f32.f16 x, a; cvt.f32.f16 y, b; {pack}}}"
 )
+_PACKS = {
+    "prmt": "prmt.b32 $0, x, y, 0x7632;",  # x's bytes 2, 3 low, y's high
+    "f2fp": "cvt.rn.bf16x2.f32 $0, y, x;",
+}
+
+
+def pair_asm(high: bool, to_bf16: bool) -> str:
+    """The PTX of one pair: the word's low (or high) two e4m3 bytes -> packed 16-bit pair."""
+    half = "hi" if high else "lo"
+    body = (
+        _CVT_BF16.format(half=half, pack=_PACKS[BF16_PACK])
+        if to_bf16
+        else _CVT_F16.format(half=half)
+    )
+    return "{.reg .b16 lo, hi; mov.b32 {lo, hi}, $1; " + body + "}"
 
 
 @dsl_user_op
 def e4m3_pair(word: Int32, high: bool, to_bf16: bool, *, loc=None, ip=None) -> Int32:
     """The two e4m3 values of ``word``'s low (or high) 16 bits as a packed f16x2 / bf16x2."""
-    body = (_TO_BF16 if to_bf16 else _TO_F16).format(half="hi" if high else "lo")
-    asm = "{.reg .b16 lo, hi; mov.b32 {lo, hi}, $1; " + body + "}"
     out = llvm.inline_asm(
-        T.i32(), [Int32(word).ir_value(loc=loc, ip=ip)], asm, "=r,r", loc=loc, ip=ip
+        T.i32(),
+        [Int32(word).ir_value(loc=loc, ip=ip)],
+        pair_asm(high, to_bf16),
+        "=r,r",
+        loc=loc,
+        ip=ip,
     )
     return Int32(out)
+
+
+def converter_warps(v_warp: bool) -> tuple[int, ...]:
+    """The producer warps that convert: 1-3, or 2-3 where warp 1 loads V (`v_warp`); warp 0
+    issues the TMA loads and runs the tile queue."""
+    return (2, 3) if v_warp else (1, 2, 3)
 
 
 @dataclass
@@ -59,47 +87,137 @@ class KvStaging:
     smem: cute.Tensor  # (tile_n, D, KV_STAGES) in the model's dtype
 
 
-def _row_copies(dtype, bits: int):
-    """A tiled copy of VEC-element pieces over CONVERTER_THREADS threads, 8 threads along one
-    64-column chunk and the threads' rows below each other; both sides of the conversion use
-    the same thread -> (row, column) map. Bank-conflict free on both sides: 16 threads'
-    8-byte loads are two 64-byte rows of the fp8 tile, one 128-byte line of its 64-byte
-    swizzle; 8 threads' 16-byte stores are one 128-byte row of the 16-bit tile."""
-    per_row = D_CHUNK // VEC
-    threads = cute.make_ordered_layout((CONVERTER_THREADS // per_row, per_row), order=(1, 0))
-    atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=bits)
-    return atom, cute.make_tiled_copy_tv(atom, threads, cute.make_layout((1, VEC)))
+@dataclass
+class Converter:
+    """This converter thread: its lane, its warp's rank among the converter warps and their
+    number (each warp converts every `warps`-th 8-row group of each chunk)."""
+
+    lane: Int32
+    rank: Int32
+    warps: int
+
+
+def _warp_copy(dtype):
+    """A one-warp tiled copy of VEC-element pieces, LANES_PER_ROW lanes along a 64-column
+    chunk and 8 rows below each other; both sides of the conversion use the same lane ->
+    (row, column) map. Bank-conflict free: 8 lanes' 16-byte loads are two 64-byte rows of
+    the fp8 tile (one 128-byte line of its 64-byte swizzle); 8 lanes' 16-byte stores are two
+    128-byte rows of the 16-bit tile whose swizzles (row % 8) differ in the lowest bit, so
+    the lanes' even 16-byte units land on disjoint bank groups."""
+    lanes = cute.make_ordered_layout((32 // LANES_PER_ROW, LANES_PER_ROW), order=(1, 0))
+    atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=128)
+    return atom, cute.make_tiled_copy_tv(atom, lanes, cute.make_layout((1, VEC)))
+
+
+UNIT_BYTES = 16  # a swizzle moves 16-byte units; within one the bytes stay in order
 
 
 @cute.jit
-def convert_tile(src: cute.Tensor, dst: cute.Tensor, tid: Int32, dtype: cutlass.Constexpr):
-    """dst (tile_n, D) <- src (tile_n, D) fp8, this thread's pieces (tid among the
-    converters): 8-byte shared loads, 16-byte shared stores."""
-    atom8, copy8 = _row_copies(src.element_type, 64)
-    atom16, copy16 = _row_copies(dtype, 128)
-    t_src = copy8.get_slice(tid).partition_S(src)
-    t_dst = copy16.get_slice(tid).partition_D(dst)
-    to_bf16 = dtype is cutlass.BFloat16
-    for m in cutlass.range(cute.size(t_src, mode=[1]), unroll=2):
+def convert_piece(src, src_units, dst, dst_units, to_bf16: cutlass.Constexpr):
+    """One lane's VEC elements: a 16-byte load, VEC/2 pairs, two 16-byte stores. ``src`` /
+    ``dst`` are the piece's first element on the unswizzled pointer; ``*_units`` the element
+    offset the swizzle adds to each 16-byte unit of the piece (unit_offsets)."""
+    per_unit = UNIT_BYTES // (dst.dtype.width // 8)
+    raw = cute.make_rmem_tensor(cute.make_layout(VEC), src.dtype)
+    cute.autovec_copy(cute.make_tensor(src + src_units[0], cute.make_layout(VEC)), raw)
+    words = cute.recast_tensor(raw, Int32)
+    for u in cutlass.range_constexpr(len(dst_units)):
+        out = cute.make_rmem_tensor(cute.make_layout(per_unit), dst.dtype)
+        out_words = cute.recast_tensor(out, Int32)
+        for w in cutlass.range_constexpr(per_unit // 4):  # an fp8 word is 4 elements
+            word = words[u * per_unit // 4 + w]
+            out_words[2 * w] = e4m3_pair(word, False, to_bf16)
+            out_words[2 * w + 1] = e4m3_pair(word, True, to_bf16)
+        unit = cute.make_tensor(dst + (u * per_unit + dst_units[u]), cute.make_layout(per_unit))
+        cute.autovec_copy(out, unit)
+
+
+# The tiles' swizzles (fwd_sm90._smem_layout) on byte addresses, (bits, base, shift) by
+# element width: fp8 staging 64-byte, 16-bit stages 128-byte.
+SWIZZLES = {8: (2, 4, 3), 16: (3, 4, 3)}
+
+
+def swizzle_delta(addr, bits: int, base: int, shift: int):
+    """What the swizzle adds to byte address ``addr`` (Python or DSL integers): it XORs
+    the ``bits`` bits from ``base + shift`` into those from ``base``."""
+    moved = (addr >> shift) & (((1 << bits) - 1) << base)
+    return (addr ^ moved) - addr
+
+
+def unit_offsets(addr, element_bytes: int, piece_bytes: int):
+    """The element offset the swizzle adds to each 16-byte unit of a piece starting at
+    byte address ``addr``. Units differ: within a piece the unit index bits are the ones
+    the swizzle XORs (a 32-byte piece's second unit may move down, not up)."""
+    swizzle = SWIZZLES[8 * element_bytes]
+    return tuple(
+        swizzle_delta(addr + u * UNIT_BYTES, *swizzle) >> (element_bytes // 2)  # exact
+        for u in range(piece_bytes // UNIT_BYTES)
+    )
+
+
+def _static_ints(value) -> list:
+    return [x for v in value for x in _static_ints(v)] if isinstance(value, tuple) else [value]
+
+
+def _is_contiguous(shape, stride, size: int) -> bool:
+    """Whether a (static) mode walks ``size`` consecutive elements from its first."""
+    expected = 1
+    for n, d in zip(_static_ints(shape), _static_ints(stride)):
+        if n > 1:
+            if d != expected:
+                return False
+            expected *= n
+    return expected == size
+
+
+@cute.jit
+def _lane_pieces(tile: cute.Tensor, copy, lane: Int32):
+    """This lane's pieces of ``tile`` (VEC, rows / 8, chunks) on the unswizzled pointer, and
+    the element offsets the swizzle adds to each 16-byte unit of a piece: the swizzle XORs
+    address bits from base + shift up into bits from base, and no step between pieces
+    (8 rows, a chunk) touches bits below base + shift + bits (checked here), so the offsets
+    are the same for every piece: a few instructions per block instead of three per access.
+    (Within a piece they are not: unit_offsets.)"""
+    bits, base, shift = SWIZZLES[tile.element_type.width]
+    assert f"S<{bits},{base},{shift}>" in str(tile.iterator.type), tile.iterator.type
+    plain = cute.make_tensor(cute.recast_ptr(tile.iterator), tile.layout)
+    pieces = copy.get_slice(lane).partition_S(plain)
+    width = tile.element_type.width // 8
+    period = 1 << (base + shift + bits)  # bytes
+    for stride in _static_ints(pieces.layout.stride[1:]):  # (rows / 8, chunks)
+        assert isinstance(stride, int) and (stride * width) % period == 0, pieces.layout
+    assert _is_contiguous(pieces.layout.shape[0], pieces.layout.stride[0], VEC), pieces.layout
+    addr = pieces[None, 0, 0].iterator.toint()
+    offsets = unit_offsets(addr, width, VEC * width)
+    return pieces, tuple(cute.assume(o, divby=UNIT_BYTES // width) for o in offsets)
+
+
+@cute.jit
+def convert_tile(src: cute.Tensor, dst: cute.Tensor, me: Converter, dtype: cutlass.Constexpr):
+    """dst (tile_n, D) <- src (tile_n, D) fp8, this warp's 8-row groups."""
+    _, copy_in = _warp_copy(src.element_type)
+    _, copy_out = _warp_copy(dtype)
+    t_src, src_units = _lane_pieces(src, copy_in, me.lane)
+    t_dst, dst_units = _lane_pieces(dst, copy_out, me.lane)
+    for m in cutlass.range(me.rank, cute.size(t_src, mode=[1]), me.warps, unroll=1):
         for k in cutlass.range_constexpr(cute.size(t_src, mode=[2])):
-            raw = cute.make_rmem_tensor_like(t_src[None, m, k])
-            cute.copy(atom8, t_src[None, m, k], raw)
-            out = cute.make_rmem_tensor_like(t_dst[None, m, k])
-            words, out_words = cute.recast_tensor(raw, Int32), cute.recast_tensor(out, Int32)
-            for w in cutlass.range_constexpr(cute.size(words)):
-                out_words[2 * w] = e4m3_pair(words[w], False, to_bf16)
-                out_words[2 * w + 1] = e4m3_pair(words[w], True, to_bf16)
-            cute.copy(atom16, out, t_dst[None, m, k])
+            convert_piece(
+                t_src[None, m, k].iterator,
+                src_units,
+                t_dst[None, m, k].iterator,
+                dst_units,
+                dtype is cutlass.BFloat16,
+            )
 
 
 @cute.jit
-def convert_block(kv: KvStaging, staged_state, state, tid: Int32, dtype: cutlass.Constexpr):
+def convert_block(kv: KvStaging, staged_state, state, me: Converter, dtype: cutlass.Constexpr):
     """Wait for one staged fp8 tile, convert it into the next 16-bit stage, publish that
     stage to the consumers and free the staging slot."""
     kv.staged_pipe.consumer_wait(staged_state)
     kv.pipe.producer_acquire(state)
     convert_tile(
-        kv.staged[None, None, staged_state.index], kv.smem[None, None, state.index], tid, dtype
+        kv.staged[None, None, staged_state.index], kv.smem[None, None, state.index], me, dtype
     )
     # The consumers' wgmma reads the stage through the async proxy.
     cute.arch.fence_view_async_shared()

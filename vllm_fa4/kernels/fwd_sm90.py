@@ -50,7 +50,7 @@ from vllm_fa4.kernels.config import (
     tile_geometry,
 )
 from vllm_fa4.kernels.epilogue import write_output
-from vllm_fa4.kernels.fp8_kv import CONVERTER_THREADS, CONVERTER_WARPS, KvStaging, convert_block
+from vllm_fa4.kernels.fp8_kv import Converter, KvStaging, convert_block, converter_warps
 from vllm_fa4.kernels.mask import apply_causal_mask
 from vllm_fa4.kernels.paged_kv import (
     D_CHUNK,
@@ -237,6 +237,8 @@ class Sm90PagedPrefill:
         self.cache_dtype = cutlass.Float8E4M3FN if key.fp8_kv else self.dtype
         self.staging_stages = cfg.staging_stages(key)
         self.load_stages = self.staging_stages or KV_STAGES
+        self.converter_warps = converter_warps(cfg.v_warp) if key.fp8_kv else ()
+        self.converter_threads = 32 * len(self.converter_warps)
         self.producer_regs, self.mma_regs = cfg.register_split(key)
         self.num_mma_threads = 128 * cfg.mma_wgs
         self.turns = cfg.turns  # warpgroups taking turns (barriers.py): ping-pong
@@ -523,7 +525,7 @@ class Sm90PagedPrefill:
                 # with an fp8 cache the converters'
                 consumer_group=pipeline.CooperativeGroup(
                     pipeline.Agent.Thread,
-                    self.num_mma_threads + 32 * self.cfg.v_warp + CONVERTER_THREADS * self.fp8_kv,
+                    self.num_mma_threads + 32 * self.cfg.v_warp + self.converter_threads,
                 ),
                 defer_sync=True,
             )
@@ -582,7 +584,7 @@ class Sm90PagedPrefill:
                     v_args = VLoadArgs(mPageTable, mV_tma, tma_atom_V, sV_load, pool, load_v)
                     self.walk_v_loads(v_args, tile_args, queue)
             if cutlass.const_expr(self.fp8_kv):
-                if warp_idx >= CONVERTER_WARPS[0]:
+                if warp_idx >= self.converter_warps[0]:
                     k_kv = KvStaging(load_k, sK_load, pipe_k, sK)
                     v_kv = KvStaging(load_v, sV_load, pipe_v, sV)
                     self.walk_conversions((k_kv, v_kv), tile_args, first_tile, queue)
@@ -622,13 +624,15 @@ class Sm90PagedPrefill:
         converter warps, one release per warp) and K's and V's 16-bit stages, whose "full"
         takes every converter thread's arrival and "empty" every consumer thread's (the
         consumers release from all threads)."""
-        converter_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, len(CONVERTER_WARPS))
-        load_k, load_v = self.make_tma_pipelines(storage.mbar_k8, storage.mbar_v8, converter_warps)
+        warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, len(self.converter_warps))
+        load_k, load_v = self.make_tma_pipelines(storage.mbar_k8, storage.mbar_v8, warps)
         pipe_k, pipe_v = (
             pipeline.PipelineAsync.create(
                 barrier_storage=barriers.data_ptr(),
                 num_stages=self.stages,
-                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, CONVERTER_THREADS),
+                producer_group=pipeline.CooperativeGroup(
+                    pipeline.Agent.Thread, self.converter_threads
+                ),
                 consumer_group=pipeline.CooperativeGroup(
                     pipeline.Agent.Thread, self.num_mma_threads
                 ),
@@ -659,26 +663,28 @@ class Sm90PagedPrefill:
         kv_k, kv_v = kv
         staged, stage = states
         tidx, _, _ = cute.arch.thread_idx()
-        tid = tidx - 32 * CONVERTER_WARPS[0]
+        first = self.converter_warps[0]
+        rank = cute.arch.make_warp_uniform(cute.arch.warp_idx()) - first
+        me = Converter(tidx % 32, rank, len(self.converter_warps))
         n_count = work.n_block_max - work.n_block_min
         if cutlass.const_expr(self.overlap):
             if n_count > 0:
                 staged_v, stage_v = staged.clone(), stage.clone()
-                convert_block(kv_k, staged, stage, tid, self.dtype)
+                convert_block(kv_k, staged, stage, me, self.dtype)
                 staged.advance()
                 stage.advance()
                 for _ in cutlass.range(1, n_count, unroll=1):
-                    convert_block(kv_k, staged, stage, tid, self.dtype)
-                    convert_block(kv_v, staged_v, stage_v, tid, self.dtype)
+                    convert_block(kv_k, staged, stage, me, self.dtype)
+                    convert_block(kv_v, staged_v, stage_v, me, self.dtype)
                     staged.advance()
                     stage.advance()
                     staged_v.advance()
                     stage_v.advance()
-                convert_block(kv_v, staged_v, stage_v, tid, self.dtype)
+                convert_block(kv_v, staged_v, stage_v, me, self.dtype)
         else:
             for _ in cutlass.range(n_count, unroll=1):
-                convert_block(kv_k, staged, stage, tid, self.dtype)
-                convert_block(kv_v, staged, stage, tid, self.dtype)
+                convert_block(kv_k, staged, stage, me, self.dtype)
+                convert_block(kv_v, staged, stage, me, self.dtype)
                 staged.advance()
                 stage.advance()
         return staged, stage

@@ -1,0 +1,100 @@
+"""tools/sanitize_served.py's (key, config, layout) enumeration, on the CPU: the runs need
+CUDA (their cases do), the set they cover does not. It must hold FP8 (e4m3) cache keys the
+kernel reads, every config FP8_TABLE serves at each head dim, each on the packed and the
+padded layout, with the padded layout's byte math at the cache's own element size."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_fa4.kernels.config import FP8_E4M3, KernelConfig, KvBox
+from vllm_fa4.paged_prefill.policy import FP8_TABLE, serving_configs
+from vllm_fa4.paged_prefill.route import kernel_reads_fp8
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "sanitize_served.py"
+
+
+def _load_tool():
+    spec = importlib.util.spec_from_file_location("sanitize_served", TOOL)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+tool = _load_tool()
+
+
+def test_filters_split_the_set_into_fp8_and_16bit():
+    fp8, wide = list(tool.pairs(fp8=True)), list(tool.pairs(fp8=False))
+    assert fp8 and wide
+    assert all(key.fp8_kv for _, key, _, _ in fp8)
+    assert not any(key.fp8_kv for _, key, _, _ in wide)
+    assert sorted(map(repr, tool.pairs())) == sorted(map(repr, fp8 + wide))
+    assert all(label.endswith(" fp8") for label, *_ in fp8)
+
+
+def test_every_fp8_key_is_read_by_the_kernel_with_every_config():
+    for label, key, config, _ in tool.pairs(fp8=True):
+        assert key.kv_dtype == FP8_E4M3, label
+        assert kernel_reads_fp8(key), label
+        assert key.unsupported_reason() is None, label
+        assert config.unsupported_reason(key) is None, (label, config.spec)
+
+
+def test_fp8_covers_each_served_config_at_each_head_dim_and_the_features():
+    served = {(key.head_dim, config) for _, key, config, _ in tool.pairs(fp8=True)}
+    table = {
+        (head_dim, KernelConfig.parse(spec))
+        for (head_dim, _, _), specs in FP8_TABLE.items()
+        for spec in specs
+    }
+    assert sorted((d, c.spec) for d, c in table - served) == []
+    keys = {key for _, key, _, _ in tool.pairs(fp8=True)}
+    assert {k.dtype for k in keys} == {"bfloat16", "float16"}
+    assert {k.page_size >= 128 for k in keys} == {False, True}
+    for feature in ("sliding_window", "softcap", "sinks"):
+        assert any(getattr(k, feature) for k in keys), feature
+
+
+def test_each_fp8_key_runs_its_serving_configs_packed_and_padded():
+    runs: dict = {}
+    for _, key, config, pad in tool.pairs(fp8=True):
+        runs.setdefault(key, set()).add((config, pad))
+    for key, got in runs.items():
+        want = {(c, pad) for c in serving_configs(key).all for pad in (False, True)}
+        assert got == want, key  # no wide_box for fp8: the padded cache needs no refit
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_padded_layout_uses_the_cache_element_size(fp8):
+    assert tool.PAD_BYTES % 16 == 0  # the kernel's (and startup's) TMA stride rule
+    for shape in tool.shapes(fp8):
+        esize = 1 if fp8 else 2
+        assert shape.element_size == esize
+        assert tool.PAD_BYTES % esize == 0
+        layout = tool.padded_layout(shape)
+        page_bytes = shape.page * shape.hkv * 2 * shape.head_dim * esize
+        assert layout.block_stride == page_bytes + tool.PAD_BYTES
+        assert layout.token_stride == shape.hkv * 2 * shape.head_dim * esize
+        assert layout.head_bytes == shape.head_dim * esize
+        assert layout.unsupported_reason() is None, shape
+
+
+def test_16bit_padded_runs_refit_wide_box():
+    wide = [(c, pad) for _, _, c, pad in tool.pairs(fp8=False) if c.kv_box is KvBox.WIDE]
+    assert wide and not any(pad for _, pad in wide)
+
+
+def test_help_runs():
+    done = subprocess.run(
+        [sys.executable, str(TOOL), "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    for flag in ("--precompile", "--short-only", "--shard", "--fp8-only", "--no-fp8"):
+        assert flag in done.stdout
