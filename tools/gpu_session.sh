@@ -88,27 +88,30 @@ SOAK_OUT="${SOAK_OUT:-/tmp/soak}"
 SOAK_MINUTES="${SOAK_MINUTES:-5}"  # whole minutes; over 5 needs a call longer than 10 minutes
 SOAK_LIMIT="${SOAK_LIMIT:-$((SOAK_MINUTES * 60 + 290))}"
 export OUT PY VLLM MODEL SOAK_OUT
-sanitize() {  # compute-sanitizer over every served config (tools/sanitize_served.py)
+sanitize() {  # compute-sanitizer over every served config (tools/sanitize_served.py), 16-bit
+  # and FP8 builds as separate runs (each fits the step's limit; together they may not)
   $PY tools/sanitize_served.py --precompile | tail -1
-  local tool
-  local tool i
-  for tool in ${SANITIZE_TOOLS:-memcheck synccheck racecheck}; do
-    echo "--- $tool"
-    if [ "$tool" = racecheck ]; then  # ~40 s a short batch: the short ones, 12 processes at once
-      for i in $(seq 0 11); do
-        compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 3 \
-          --print-limit 20 $PY tools/sanitize_served.py --short-only --shard "$i/12" \
-          > "$OUT/racecheck-shard$i.log" 2>&1 &
-      done
-      wait
-      for i in $(seq 0 11); do cat "$OUT/racecheck-shard$i.log"; done > "$OUT/sanitize-racecheck.log"
-      rm -f "$OUT"/racecheck-shard*.log
-    else
-      compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 3 --print-limit 20 \
-        $PY tools/sanitize_served.py > "$OUT/sanitize-$tool.log" 2>&1
-      echo "rc=$?"
-    fi
-    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|wrong|BAD" "$OUT/sanitize-$tool.log" | sort | uniq -c
+  local tool i set
+  for set in no-fp8 fp8-only; do
+    for tool in ${SANITIZE_TOOLS:-memcheck synccheck racecheck}; do
+      echo "--- $tool --$set"
+      local log="$OUT/sanitize-$tool-$set.log"
+      if [ "$tool" = racecheck ]; then  # ~40 s a short batch: the short ones, 12 processes at once
+        for i in $(seq 0 11); do
+          compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 3 \
+            --print-limit 20 $PY tools/sanitize_served.py --$set --short-only --shard "$i/12" \
+            > "$OUT/racecheck-shard$i.log" 2>&1 &
+        done
+        wait
+        for i in $(seq 0 11); do cat "$OUT/racecheck-shard$i.log"; done > "$log"
+        rm -f "$OUT"/racecheck-shard*.log
+      else
+        compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 3 --print-limit 20 \
+          $PY tools/sanitize_served.py --$set > "$log" 2>&1
+        echo "rc=$?"
+      fi
+      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|wrong|BAD" "$log" | sort | uniq -c
+    done
   done
 }
 

@@ -50,9 +50,9 @@ FA3_SINK_MAX_Q_HEADS = 64  # FA3's s_aux: "We only support query heads <= 64 wit
 FP8_PREFILL_SPEED_WARNING = (
     "FA4: --kv-cache-dtype fp8 is served with 16-bit attention math on the FP8 cache (the "
     "accuracy of bf16 attention on it), but FA4's FP8 prefill kernel is not yet fast: measured "
-    "0.46x the speed of FLASH_ATTN's FP8 prefill at head dim 128 and 0.70x at head dim 256 "
-    "(H100, docs/results/2026-11-26/fp8-ab-h100.log); decode runs FLASH_ATTN's own FP8 path. "
-    "For FP8 prefill speed use --attention-backend FLASH_ATTN"
+    "0.67x the speed of FLASH_ATTN's FP8 prefill at head dim 128 and 1.00x at head dim 256 "
+    "(H100, docs/results/2026-11-26/fp8-ab-h100-f9463f1.log); decode runs FLASH_ATTN's own FP8 "
+    "path. For FP8 prefill speed at head dim 128 use --attention-backend FLASH_ATTN"
 )
 _fp8_warned = False
 

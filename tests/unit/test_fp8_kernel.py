@@ -116,10 +116,7 @@ def test_fp8_kernel_ptx_converts_in_the_producer(tmp_path, monkeypatch):
     (ptx,) = tmp_path.rglob("*.ptx")
     text = ptx.read_text()
     assert text.count("cvt.rn.f16x2.e4m3x2") >= 8
-    if fp8_kv.BF16_PACK == "prmt":  # the f32s' top halves, no second F2FP
-        assert text.count("prmt.b32") >= 8
-    else:
-        assert "cvt.rn.bf16x2.f32" in text
+    assert text.count("prmt.b32") >= 8  # bf16: the f32s' top halves, no second F2FP
     assert "fence.proxy.async.shared::cta" in text
 
 
@@ -137,7 +134,7 @@ def test_bf16_prmt_pack_is_exact_for_every_e4m3_pair():
 
     import torch
 
-    selector = int(re.search(r"0x([0-9a-f]+)", fp8_kv._PACKS["prmt"]).group(0), 16)
+    selector = int(re.search(r"prmt.b32 \$0, x, y, (0x[0-9a-f]+)", fp8_kv._CVT_BF16).group(1), 16)
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
     f32_bits = codes.float().view(torch.int32).tolist()
     bf16_bits = codes.float().to(torch.bfloat16).view(torch.int16).tolist()

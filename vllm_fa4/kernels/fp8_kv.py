@@ -26,33 +26,23 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from vllm_fa4.kernels.paged_kv import D_CHUNK
 
-# A/B switch for the GPU (docs/perf-notes.md FP8; flip with sed in a copy of the tree): a bf16
-# pair packed by "prmt" (the f32s' top halves, 1 F2FP a pair) or "f2fp" (cvt.rn.bf16x2.f32, 2).
-BF16_PACK = "prmt"
-
 VEC = 16  # elements per lane per step: 16 bytes of fp8 in, 2 x 16 bytes of f16/bf16 out
 LANES_PER_ROW = D_CHUNK // VEC  # a warp covers 8 rows of one 64-column chunk per step
 
 _CVT_F16 = "cvt.rn.f16x2.e4m3x2 $0, {half};"
+# bf16: the f32s' top halves by PRMT (x's bytes 2, 3 low, y's high), not a second F2FP
+# (cvt.rn.bf16x2.f32): the same speed on the H100 (docs/perf-notes.md FP8), 1 F2FP a pair.
 _CVT_BF16 = (
     "{{.reg .b32 h; .reg .b16 a, b; .reg .f32 x, y;"
     " cvt.rn.f16x2.e4m3x2 h, {half}; mov.b32 {{a, b}}, h;"
-    " cvt.f32.f16 x, a; cvt.f32.f16 y, b; {pack}}}"
+    " cvt.f32.f16 x, a; cvt.f32.f16 y, b; prmt.b32 $0, x, y, 0x7632;}}"
 )
-_PACKS = {
-    "prmt": "prmt.b32 $0, x, y, 0x7632;",  # x's bytes 2, 3 low, y's high
-    "f2fp": "cvt.rn.bf16x2.f32 $0, y, x;",
-}
 
 
 def pair_asm(high: bool, to_bf16: bool) -> str:
     """The PTX of one pair: the word's low (or high) two e4m3 bytes -> packed 16-bit pair."""
     half = "hi" if high else "lo"
-    body = (
-        _CVT_BF16.format(half=half, pack=_PACKS[BF16_PACK])
-        if to_bf16
-        else _CVT_F16.format(half=half)
-    )
+    body = (_CVT_BF16 if to_bf16 else _CVT_F16).format(half=half)
     return "{.reg .b16 lo, hi; mov.b32 {lo, hi}, $1; " + body + "}"
 
 
