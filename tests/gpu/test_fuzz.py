@@ -396,20 +396,15 @@ class _Ctx:
     def vllm_config(self, shape: fuzz.Shape, spec_tokens: int):
         key = (shape, spec_tokens)
         if key not in self.configs:
-            from helpers.vllm_configs import make_vllm_config, write_tiny_llama
+            from helpers.vllm_configs import shaped_vllm_config
 
-            hq, hkv, d = shape.num_q_heads, shape.num_kv_heads, shape.head_dim
-            model = write_tiny_llama(
-                self.tmp / f"m{hq}-{hkv}-{d}",
-                num_attention_heads=hq,
-                num_key_value_heads=hkv,
-                head_dim=d,
-                hidden_size=hq * d,
-            )
-            self.configs[key] = make_vllm_config(
-                model,
+            self.configs[key] = shaped_vllm_config(
+                self.tmp,
+                shape.num_q_heads,
+                shape.num_kv_heads,
+                shape.head_dim,
+                shape.page_size,
                 device=DEVICE,
-                block_size=shape.page_size,
                 dtype=shape.dtype,
                 num_speculative_tokens=spec_tokens or None,
             )

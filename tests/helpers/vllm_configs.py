@@ -1,5 +1,6 @@
 """vLLM config objects for tests, on CPU (device "cpu") or on the GPU machine (device "cuda")."""
 
+import contextlib
 import json
 from types import SimpleNamespace
 
@@ -44,3 +45,38 @@ def make_vllm_config(
             num_speculative_tokens=num_speculative_tokens, parallel_drafting=False
         )
     return config
+
+
+def shaped_vllm_config(tmp, hq, hkv, d, page, *, cache_dtype="auto", **kwargs):
+    """A vLLM config (make_vllm_config's ``kwargs``) whose model has the attention shape
+    ``hq``/``hkv`` heads of dim ``d``, at block size ``page``; the model folder goes in ``tmp``."""
+    model = write_tiny_llama(
+        tmp / f"m{hq}-{hkv}-{d}",
+        num_attention_heads=hq,
+        num_key_value_heads=hkv,
+        head_dim=d,
+        hidden_size=hq * d,
+    )
+    config = make_vllm_config(model, block_size=page, **kwargs)
+    if cache_dtype != "auto":
+        config.cache_config.cache_dtype = cache_dtype
+    return config
+
+
+@contextlib.contextmanager
+def current_shaped_configs(tmp, **kwargs):
+    """Yields make(hq, hkv, d, page): a shaped_vllm_config, made vLLM's current config (the
+    backend registered) until the context exits."""
+    import vllm_fa4
+
+    vllm_fa4.register()
+    from vllm.config import set_current_vllm_config
+
+    with contextlib.ExitStack() as stack:
+
+        def make(hq, hkv, d, page):
+            config = shaped_vllm_config(tmp, hq, hkv, d, page, **kwargs)
+            stack.enter_context(set_current_vllm_config(config))
+            return config
+
+        yield make

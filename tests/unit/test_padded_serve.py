@@ -7,27 +7,19 @@ half (log and response checks, the command) is tested on canned text."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
+from helpers.modules import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "padded_serve.py"
 BYTE_TOKENIZER = ROOT / "configs" / "llama-3.2-1b"
 
 
-def _load_tool():
-    spec = importlib.util.spec_from_file_location("padded_serve", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-tool = _load_tool()
+tool = load_file("padded_serve", TOOL)
 
 
 @pytest.fixture(scope="module")

@@ -5,12 +5,12 @@ padded layout, with the padded layout's byte math at the cache's own element siz
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers.modules import load_file
 
 from vllm_fa4.kernels.config import FP8_E4M3, KernelConfig, KvBox
 from vllm_fa4.paged_prefill.policy import FP8_TABLE, serving_configs
@@ -19,15 +19,7 @@ from vllm_fa4.paged_prefill.route import kernel_reads_fp8
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "sanitize_served.py"
 
 
-def _load_tool():
-    spec = importlib.util.spec_from_file_location("sanitize_served", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-tool = _load_tool()
+tool = load_file("sanitize_served", TOOL)
 
 
 def test_filters_split_the_set_into_fp8_and_16bit():
