@@ -13,10 +13,16 @@ Contenders per case (same seeded values; testing.cases: permuted pages, NaN in u
               default; the quantization is vLLM's attention layer's work, outside the timed
               call) and q/k/v descales expanded to (num_seqs, num_kv_heads)
   ours-bf16   our kernel on a bf16 cache holding the dequantized values (its serving pick):
-              what reading fp8 costs our kernel
-  FA3-bf16    vLLM's paged FA3 on that bf16 cache
+              what reading fp8 costs our kernel (ours-fp16 with --dtype float16)
+  FA3-bf16    vLLM's paged FA3 on that bf16 cache (FA3-fp16)
 Every row shows its time over FA3-fp8's (``/FA3fp8``: > 1 is faster than FA3-fp8).
 Times: median over --rounds interleaved rounds of triton's do_bench median.
+
+--profile launches each contender once inside a profiler window instead of timing (warmed up
+first), for Nsight Compute (the shared-memory traffic of the fp8 path against bf16's):
+  ncu --clock-control none --profile-from-start off -k regex:"Sm90PagedPrefill|FlashAttnFwd" \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables --section WarpStateStats \
+      python benchmarks/fp8_ab.py --profile --cases 16kx1 --pages 16 --models llama-3.1-8b
 """
 
 import argparse
@@ -37,7 +43,7 @@ from vllm_fa4.kernels.config import FP8_E4M3, KernelConfig, KernelKey  # noqa: E
 from vllm_fa4.paged_prefill.policy import serving_configs  # noqa: E402
 from vllm_fa4.testing.cases import make_paged_case  # noqa: E402
 
-DT = torch.bfloat16
+DT = torch.bfloat16  # the model's dtype (--dtype)
 BASELINE = "FA3-fp8"
 DEFAULT_CASES = "4kx4,16kx1,2k@16k x2,2k@64k"
 
@@ -122,11 +128,38 @@ def contenders(case, fp8_variants):
         name = "ours-fp8" if config is None else f"ours-fp8 {config.spec}"
         plan = case.plan(config)
         fns[name] = lambda plan=plan: case.ours(plan, out)
-    fns[BASELINE] = fa3_fp8_call(case, case.new_out())
+    fns[BASELINE] = fa3_fp8_call(case, case.new_out().to(torch.bfloat16))  # FA3-FP8 writes bf16
     plan16 = twin.plan()
-    fns["ours-bf16"] = lambda: twin.ours(plan16, out)
-    fns["FA3-bf16"] = lambda: twin.fa3(out)
+    tag = "bf16" if DT is torch.bfloat16 else "fp16"  # the 16-bit twin's rows
+    fns[f"ours-{tag}"] = lambda: twin.ours(plan16, out)
+    fns[f"FA3-{tag}"] = lambda: twin.fa3(out)
     return fns
+
+
+def profile(model, name, specs, page, fp8_variants):
+    """Each contender once between profiler start and stop, in print order."""
+    shape = MODELS[model]
+    case = make_paged_case(
+        specs,
+        shape.num_q_heads,
+        shape.num_kv_heads,
+        shape.head_dim,
+        page,
+        DT,
+        "cuda",
+        seed=0,
+        fp8_kv=True,
+    )
+    fns = contenders(case, fp8_variants)
+    for fn in fns.values():  # compile and warm up outside the window
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for fn in fns.values():
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    print(f"profiled {model} {name} p{page}, launch order: {', '.join(fns)}", flush=True)
 
 
 def run(model, name, specs, page, fp8_variants, rounds):
@@ -166,26 +199,44 @@ def parse_args(argv=None):
         help="space-separated fp8 configs to time besides nothing else ('default': the "
         "serving pick per batch)",
     )
+    ap.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=("bfloat16", "float16"),
+        help="the model's dtype (Q, output, the 16-bit twin cache)",
+    )
+    ap.add_argument(
+        "--profile", action="store_true", help="each contender once in a profiler window; no timing"
+    )
     return ap.parse_args(argv)
 
 
 def main(argv=None):
+    global DT
     args = parse_args(argv)
+    DT = getattr(torch, args.dtype)
     variants = [
         None if spec == "default" else KernelConfig.parse(spec)
         for spec in args.fp8_variants.split()
     ]
     pages = [int(p) for p in args.pages.split(",")]
     precompile(args.models.split(","), pages, variants, args.jobs)
-    print(f"device={torch.cuda.get_device_name()} dtype=bf16 kv=float8_e4m3fn rounds={args.rounds}")
+    print(
+        f"device={torch.cuda.get_device_name()} dtype={args.dtype} kv=float8_e4m3fn "
+        f"rounds={args.rounds}"
+    )
     ratios: dict[str, list[float]] = {}
     for model in args.models.split(","):
         for name in args.cases.split(","):
             case_pages, specs = CASES[name]
             for page in pages:
-                if page in case_pages:
+                if page in case_pages and args.profile:
+                    profile(model, name, specs, page, variants)
+                elif page in case_pages:
                     for n, r in run(model, name, specs, page, variants, args.rounds).items():
                         ratios.setdefault(f"{model} {n}", []).append(r)
+    if args.profile:
+        return
     print("geomean over FA3-fp8's time (> 1: faster than FA3-fp8):")
     for n, rs in ratios.items():
         print(f"  {n:<70} {statistics.geometric_mean(rs):.3f} (min {min(rs):.3f}, {len(rs)} cases)")

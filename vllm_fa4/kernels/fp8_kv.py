@@ -2,15 +2,15 @@
 
 The producer's TMA loads each fp8 K/V tile, exactly as it loads a 16-bit one (same boxes,
 same zero fill past the request's last page), into a staging ring (``KvStaging.staged``).
-Converter warps of the producer warpgroup turn each staged tile into the model's dtype and
-store it into the ordinary swizzled K/V stage, which the consumers read as before: the
-16-bit stage's "full" barrier counts the converters' arrivals instead of TMA bytes.
+Converter warps of the producer warpgroup turn each staged tile into fp16 and store it into
+the ordinary swizzled K/V stage, which the consumers read as before: the 16-bit stage's
+"full" barrier counts the converters' arrivals instead of TMA bytes. The GEMMs of an fp8
+cache run in fp16 for bf16 models too (fwd_sm90: ``mma_dtype``, Q converted once per tile):
+the converter warps bound the kernel, and a bf16 pair took four instructions (F2FP, two
+HADD2.F32, PRMT) where fp16 takes one (docs/perf-notes.md, FP8).
 
 A pair of e4m3 values (``e4m3_pair``) converts exactly: ``cvt.rn.f16x2.e4m3x2`` (one F2FP:
-every e4m3 value is a normal f16 or zero) gives an fp16 model's pair; a bf16 model's goes on
-through f32 (2 HADD2.F32), and bf16 is then the top half of each f32 (3 bits of mantissa fit
-in 7), picked by one PRMT on the ALU: F2FP issues at a quarter of the ALU's rate and bound
-the conversion (docs/perf-notes.md, FP8). NaN stays NaN (the mask's -inf and the V tail's
+every e4m3 value is a normal f16 or zero). NaN stays NaN (the mask's -inf and the V tail's
 zeros deal with it).
 The scales are not applied here: k_scale is in the softmax scale, v_scale in the epilogue.
 """
@@ -26,33 +26,23 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from vllm_fa4.kernels.paged_kv import D_CHUNK
 
-VEC = 16  # elements per lane per step: 16 bytes of fp8 in, 2 x 16 bytes of f16/bf16 out
+VEC = 16  # elements per lane per step: 16 bytes of fp8 in, 2 x 16 bytes of f16 out
 LANES_PER_ROW = D_CHUNK // VEC  # a warp covers 8 rows of one 64-column chunk per step
 
-_CVT_F16 = "cvt.rn.f16x2.e4m3x2 $0, {half};"
-# bf16: the f32s' top halves by PRMT (x's bytes 2, 3 low, y's high), not a second F2FP
-# (cvt.rn.bf16x2.f32): the same speed on the H100 (docs/perf-notes.md FP8), 1 F2FP a pair.
-_CVT_BF16 = (
-    "{{.reg .b32 h; .reg .b16 a, b; .reg .f32 x, y;"
-    " cvt.rn.f16x2.e4m3x2 h, {half}; mov.b32 {{a, b}}, h;"
-    " cvt.f32.f16 x, a; cvt.f32.f16 y, b; prmt.b32 $0, x, y, 0x7632;}}"
-)
 
-
-def pair_asm(high: bool, to_bf16: bool) -> str:
-    """The PTX of one pair: the word's low (or high) two e4m3 bytes -> packed 16-bit pair."""
+def pair_asm(high: bool) -> str:
+    """The PTX of one pair: the word's low (or high) two e4m3 bytes -> packed f16x2."""
     half = "hi" if high else "lo"
-    body = (_CVT_BF16 if to_bf16 else _CVT_F16).format(half=half)
-    return "{.reg .b16 lo, hi; mov.b32 {lo, hi}, $1; " + body + "}"
+    return "{.reg .b16 lo, hi; mov.b32 {lo, hi}, $1; " + f"cvt.rn.f16x2.e4m3x2 $0, {half};}}"
 
 
 @dsl_user_op
-def e4m3_pair(word: Int32, high: bool, to_bf16: bool, *, loc=None, ip=None) -> Int32:
-    """The two e4m3 values of ``word``'s low (or high) 16 bits as a packed f16x2 / bf16x2."""
+def e4m3_pair(word: Int32, high: bool, *, loc=None, ip=None) -> Int32:
+    """The two e4m3 values of ``word``'s low (or high) 16 bits as a packed f16x2."""
     out = llvm.inline_asm(
         T.i32(),
         [Int32(word).ir_value(loc=loc, ip=ip)],
-        pair_asm(high, to_bf16),
+        pair_asm(high),
         "=r,r",
         loc=loc,
         ip=ip,
@@ -103,7 +93,7 @@ UNIT_BYTES = 16  # a swizzle moves 16-byte units; within one the bytes stay in o
 
 
 @cute.jit
-def convert_piece(src, src_units, dst, dst_units, to_bf16: cutlass.Constexpr):
+def convert_piece(src, src_units, dst, dst_units):
     """One lane's VEC elements: a 16-byte load, VEC/2 pairs, two 16-byte stores. ``src`` /
     ``dst`` are the piece's first element on the unswizzled pointer; ``*_units`` the element
     offset the swizzle adds to each 16-byte unit of the piece (unit_offsets)."""
@@ -116,8 +106,8 @@ def convert_piece(src, src_units, dst, dst_units, to_bf16: cutlass.Constexpr):
         out_words = cute.recast_tensor(out, Int32)
         for w in cutlass.range_constexpr(per_unit // 4):  # an fp8 word is 4 elements
             word = words[u * per_unit // 4 + w]
-            out_words[2 * w] = e4m3_pair(word, False, to_bf16)
-            out_words[2 * w + 1] = e4m3_pair(word, True, to_bf16)
+            out_words[2 * w] = e4m3_pair(word, False)
+            out_words[2 * w + 1] = e4m3_pair(word, True)
         unit = cute.make_tensor(dst + (u * per_unit + dst_units[u]), cute.make_layout(per_unit))
         cute.autovec_copy(out, unit)
 
@@ -184,7 +174,8 @@ def _lane_pieces(tile: cute.Tensor, copy, lane: Int32):
 
 @cute.jit
 def convert_tile(src: cute.Tensor, dst: cute.Tensor, me: Converter, dtype: cutlass.Constexpr):
-    """dst (tile_n, D) <- src (tile_n, D) fp8, this warp's 8-row groups."""
+    """dst (tile_n, D) fp16 <- src (tile_n, D) fp8, this warp's 8-row groups."""
+    assert dtype is cutlass.Float16, dtype  # the GEMMs of an fp8 cache run in fp16
     _, copy_in = _warp_copy(src.element_type)
     _, copy_out = _warp_copy(dtype)
     t_src, src_units = _lane_pieces(src, copy_in, me.lane)
@@ -196,7 +187,6 @@ def convert_tile(src: cute.Tensor, dst: cute.Tensor, me: Converter, dtype: cutla
                 src_units,
                 t_dst[None, m, k].iterator,
                 dst_units,
-                dtype is cutlass.BFloat16,
             )
 
 

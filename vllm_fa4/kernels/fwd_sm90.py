@@ -164,6 +164,9 @@ class VLoadArgs(NamedTuple):
     pipe_v: pipeline.PipelineTmaAsync
 
 
+F16_MAX = 65504.0  # fp16's largest finite value (convert_q saturates Q there)
+
+
 class ConsumerArgs(NamedTuple):
     """What a consumer warpgroup's consume takes besides the tile and its pipeline state."""
 
@@ -183,6 +186,7 @@ class ConsumerArgs(NamedTuple):
     scale_log2: Float32
     tidx: Int32  # the thread's index among the consumer threads
     o_scale: Optional[Float32]  # an fp8 cache's v_scale, applied to O (else None)
+    sQ_mma: Optional[cute.Tensor]  # `q_converts`: sQ typed as the GEMMs read it (else None)
 
 
 class SoftmaxArgs(NamedTuple):
@@ -235,6 +239,15 @@ class Sm90PagedPrefill:
         # into the 16-bit K/V stages (fp8_kv.py); the TMA ring is the staging ring then.
         self.fp8_kv = key.fp8_kv
         self.cache_dtype = cutlass.Float8E4M3FN if key.fp8_kv else self.dtype
+        # The GEMMs' dtype: the model's, except for a bf16 model with an fp8 cache, whose
+        # GEMMs run in fp16. e4m3 -> fp16 is one F2FP per pair (-> bf16 took four
+        # instructions and the converter warps bound the kernel, docs/perf-notes.md); every
+        # e4m3 value is exact in fp16, P in [0, 2^8] keeps more bits, and Q is converted in
+        # shared memory once per tile (convert_q). Q and O stay in the model's dtype.
+        self.mma_dtype = self.dtype
+        if key.fp8_kv and self.dtype is cutlass.BFloat16:
+            self.mma_dtype = cutlass.Float16
+        self.q_converts = self.mma_dtype is not self.dtype
         self.staging_stages = cfg.staging_stages(key)
         self.load_stages = self.staging_stages or KV_STAGES
         self.converter_warps = converter_warps(cfg.v_warp) if key.fp8_kv else ()
@@ -304,8 +317,9 @@ class Sm90PagedPrefill:
         if self.fp8_kv:
             fields["mbar_k8"] = mem[cutlass.Int64, self.staging_stages * 2]
             fields["mbar_v8"] = mem[cutlass.Int64, self.staging_stages * 2]
-        for name, layout in (("sQ", sQ_layout), ("sK", sK_layout), ("sV", sV_layout)):
-            fields[name] = align[mem[dt, cute.cosize(layout)], 1024]
+        fields["sQ"] = align[mem[dt, cute.cosize(sQ_layout)], 1024]
+        for name, layout in (("sK", sK_layout), ("sV", sV_layout)):
+            fields[name] = align[mem[self.mma_dtype, cute.cosize(layout)], 1024]
         if self.fp8_kv:
             for name in ("sK8", "sV8"):
                 fields[name] = align[mem[self.cache_dtype, cute.cosize(staging_layout)], 1024]
@@ -317,7 +331,7 @@ class Sm90PagedPrefill:
         major = cute.nvgpu.OperandMajorMode.K
         wgs = (self.cfg.mma_wgs, 1, 1)
         return sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, major, major, Float32, wgs, (64, n)
+            self.mma_dtype, self.mma_dtype, major, major, Float32, wgs, (64, n)
         )
 
     def q_boxes_in_tile(self):
@@ -397,8 +411,8 @@ class Sm90PagedPrefill:
         mma_layout = (self.cfg.mma_wgs, 1, 1)
         tiled_mma_qk = self.qk_mma(self.tile_n)
         tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
-            self.dtype,
-            self.dtype,
+            self.mma_dtype,
+            self.mma_dtype,
             cute.nvgpu.OperandMajorMode.K,
             cute.nvgpu.OperandMajorMode.MN,
             Float32,
@@ -542,6 +556,11 @@ class Sm90PagedPrefill:
         pipeline.pipeline_init_arrive()
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sQ_mma = None  # `q_converts`: the same bytes as the GEMMs read them (fp16)
+        if cutlass.const_expr(self.q_converts):
+            sQ_mma = storage.sQ.get_tensor(
+                sQ_layout.outer, swizzle=sQ_layout.inner, dtype=self.mma_dtype
+            )
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sK_load, sV_load = sK, sV  # what the producer's TMA writes
@@ -595,6 +614,7 @@ class Sm90PagedPrefill:
             cons_args = ConsumerArgs(
                 *(mQ, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v),
                 *(mSinks, window_left, softcap_prescale, scale_log2, tidx - 128, o_scale),
+                sQ_mma,
             )
             consume = self.consume
             if cutlass.const_expr(self.q_tma):
@@ -670,21 +690,21 @@ class Sm90PagedPrefill:
         if cutlass.const_expr(self.overlap):
             if n_count > 0:
                 staged_v, stage_v = staged.clone(), stage.clone()
-                convert_block(kv_k, staged, stage, me, self.dtype)
+                convert_block(kv_k, staged, stage, me, self.mma_dtype)
                 staged.advance()
                 stage.advance()
                 for _ in cutlass.range(1, n_count, unroll=1):
-                    convert_block(kv_k, staged, stage, me, self.dtype)
-                    convert_block(kv_v, staged_v, stage_v, me, self.dtype)
+                    convert_block(kv_k, staged, stage, me, self.mma_dtype)
+                    convert_block(kv_v, staged_v, stage_v, me, self.mma_dtype)
                     staged.advance()
                     stage.advance()
                     staged_v.advance()
                     stage_v.advance()
-                convert_block(kv_v, staged_v, stage_v, me, self.dtype)
+                convert_block(kv_v, staged_v, stage_v, me, self.mma_dtype)
         else:
             for _ in cutlass.range(n_count, unroll=1):
-                convert_block(kv_k, staged, stage, me, self.dtype)
-                convert_block(kv_v, staged, stage, me, self.dtype)
+                convert_block(kv_k, staged, stage, me, self.mma_dtype)
+                convert_block(kv_v, staged, stage, me, self.mma_dtype)
                 staged.advance()
                 stage.advance()
         return staged, stage
@@ -1080,6 +1100,29 @@ class Sm90PagedPrefill:
         wg_sync(wg)
 
     @cute.jit
+    def convert_q(self, sQ: cute.Tensor, sQ_mma: cute.Tensor, tidx: Int32, wg: Int32):
+        """`q_converts`: this warpgroup's 64 rows of Q, bf16 -> fp16 in place (exact in
+        fp16's normal range; beyond it saturated, never inf), then visible to its wgmma."""
+        lanes_per_row = self.head_dim // 8  # 16 B each
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+        thr_layout = cute.make_ordered_layout((128 // lanes_per_row, lanes_per_row), order=(1, 0))
+        tiled_copy = cute.make_tiled_copy_tv(atom, thr_layout, cute.make_layout((1, 8)))
+        thr_copy = tiled_copy.get_slice(tidx % 128)
+        src = thr_copy.partition_S(cute.local_tile(sQ, (64, self.head_dim), (wg, 0)))
+        dst = thr_copy.partition_D(cute.local_tile(sQ_mma, (64, self.head_dim), (wg, 0)))
+        for m in cutlass.range_constexpr(cute.size(src, mode=[1])):
+            for k in cutlass.range_constexpr(cute.size(src, mode=[2])):
+                raw = cute.make_rmem_tensor(cute.make_layout(8), self.dtype)
+                cute.autovec_copy(src[None, m, k], raw)
+                out = cute.make_rmem_tensor(cute.make_layout(8), self.mma_dtype)
+                for e in cutlass.range_constexpr(8):
+                    x = cute.arch.fmax(cute.arch.fmin(Float32(raw[e]), F16_MAX), -F16_MAX)
+                    out[e] = self.mma_dtype(x)
+                cute.autovec_copy(out, dst[None, m, k])
+        cute.arch.fence_view_async_shared()  # the generic stores before the wgmma's reads
+        wg_sync(wg)
+
+    @cute.jit
     def prefetch_next_q(self, receive, queue_state, tile_args, mQ, sQ, tidx: Int32, wg: Int32):
         """`q_prefetch`: once this tile's last Q K^T has completed, take the next tile from the
         queue and start its Q copies, so they land under this tile's last P V and epilogue.
@@ -1101,7 +1144,7 @@ class Sm90PagedPrefill:
             r = first_row + idx // per_row
             c0 = (idx % per_row) * vec
             for e in cutlass.range_constexpr(vec):
-                sVs[r, c0 + e] = self.dtype(0.0)
+                sVs[r, c0 + e] = self.mma_dtype(0.0)
         cute.arch.fence_view_async_shared()
         wg_sync(wg)
 
@@ -1201,7 +1244,8 @@ class Sm90PagedPrefill:
         mQ, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v = args[:10]
         mSinks, window_left, softcap_prescale, scale_log2, tidx = args[10:15]
         wg = cute.arch.make_warp_uniform(tidx // 128)
-        g = self.block_gemms(sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, tidx)
+        sQ_mma = sQ if cutlass.const_expr(args.sQ_mma is None) else args.sQ_mma
+        g = self.block_gemms(sQ_mma, sK, sV, tiled_mma_qk, tiled_mma_pv, tidx)
         tSrQ = g.tSrQ
         if cutlass.const_expr(self.q_tma):
             tSrQ = tSrQ[None, None, None, q_stage]
@@ -1213,6 +1257,13 @@ class Sm90PagedPrefill:
             self.wait_q(wg)
         elif cutlass.const_expr(not self.q_tma):
             self.load_q(work, mQ, sQ, tidx, wg)
+        convert_q = None  # `q_converts`: this tile's Q to fp16 once it has landed
+        if cutlass.const_expr(self.q_converts):
+            stage = (lambda t: t[None, None, q_stage]) if self.q_tma else (lambda t: t)
+            convert_q = partial(self.convert_q, stage(sQ), stage(sQ_mma), tidx, wg)
+            if cutlass.const_expr(not self.q_tma):
+                convert_q()  # with `q_tma` Q lands with the first K block: first_block
+                convert_q = None
         next_tile = Int32(0)  # q_prefetch only
 
         row_max = cute.make_rmem_tensor(num_rows, Float32)
@@ -1232,7 +1283,9 @@ class Sm90PagedPrefill:
         )
 
         if n_count > 0:
-            self.first_block(g, tSrQ, work, state, softmax_args, sV, pipe_k, pipe_v, tidx, wg)
+            self.first_block(
+                g, tSrQ, work, state, softmax_args, sV, pipe_k, pipe_v, tidx, wg, convert_q
+            )
             if cutlass.const_expr(not self.overlap):
                 tOrP, tOrVt, tSrK = g.tOrP, g.tOrVt, g.tSrK
                 _wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False, 0)
@@ -1246,7 +1299,7 @@ class Sm90PagedPrefill:
                     pipe_k.consumer_release(state)
                     self.softmax_block(acc_S, n_block, *softmax_args)
                     self.rescale_o(acc_O, row_scale)
-                    tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+                    tOrP.store(acc_as_operand_a(acc_S).load().to(self.mma_dtype))
                     pipe_v.consumer_wait(state)
                     _wgmma(
                         tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False, 0
@@ -1372,17 +1425,22 @@ class Sm90PagedPrefill:
             self.zero_v_tail(sV, state.index, valid_rows, tidx, wg)
 
     @cute.jit
-    def first_block(self, g, tSrQ, work, state, softmax_args, sV, pipe_k, pipe_v, tidx, wg):
+    def first_block(
+        self, g, tSrQ, work, state, softmax_args, sV, pipe_k, pipe_v, tidx, wg, convert_q=None
+    ):
         """A tile's first block on its own: S = Q K^T in a turn of its own, then its softmax
-        with nothing in flight; leaves P in g.tOrP and waits for the block's V."""
+        with nothing in flight; leaves P in g.tOrP and waits for the block's V. `convert_q`:
+        Q's conversion, run once Q (with `q_tma`, on this K's barrier) has landed."""
         n_block = work.n_block_max - 1
         pipe_k.consumer_wait(state)
+        if cutlass.const_expr(convert_q is not None):
+            convert_q()
         acc_S = self.new_acc_S(g)
         turn_wait(self.turns, wg)
         self.lone_qk(g, tSrQ, acc_S, state.index, wg)
         pipe_k.consumer_release(state)
         self.first_softmax(acc_S, n_block, softmax_args)
-        g.tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+        g.tOrP.store(acc_as_operand_a(acc_S).load().to(self.mma_dtype))
         self.wait_first_v(sV, work, n_block, state, pipe_v, tidx, wg)
 
     @cute.jit
@@ -1421,7 +1479,7 @@ class Sm90PagedPrefill:
             softmax_rest(acc_S, softmax_args.row_sum, row_scale, neg_shift, softmax_args.scale_log2)
         else:
             self.rescale_o(g.acc_O, row_scale)
-        g.tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+        g.tOrP.store(acc_as_operand_a(acc_S).load().to(self.mma_dtype))
         if cutlass.const_expr(self.pv_wait_mid):
             computed_here(g.tOrP)
         state.advance()
