@@ -115,19 +115,24 @@ def test_fp8_scales_reach_the_output(variant):
     torch.testing.assert_close(again, out * 2.0, rtol=1e-2, atol=1e-3)
 
 
-def test_fp8_bit_identical_to_16bit_cache_of_same_values(variant):
-    """The fp8 kernel computes on exactly the converted values: with unit scales, a
-    16-bit cache holding the same e4m3 values (exact in bf16) gives the same bits, the
-    converter's stores and the 16-bit TMA's bytes feeding the same GEMMs."""
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_fp8_computes_on_the_converted_values(variant, dtype):
+    """The fp8 kernel's GEMMs run in fp16 on exactly the converted values: with unit
+    scales, an fp16 model's 16-bit cache holding the same e4m3 values (exact in fp16) and
+    the same Q gives the same bits, the converter's stores and the 16-bit TMA's bytes feeding
+    the same GEMMs. A bf16 model's Q is converted to fp16 in the kernel (exact for these
+    values) and its O rounded to bf16 from fp32: within a bf16 rounding of the fp16 O."""
     from vllm_fa4.testing import cases
 
     specs = [(300, 700), (77, 77)]
-    fp8 = cases.make_paged_case(specs, 8, 2, 128, 16, torch.bfloat16, "cuda", fp8_kv=True)
+    fp8 = cases.make_paged_case(specs, 8, 2, 128, 16, dtype, "cuda", fp8_kv=True)
     if variant is not None and (why := variant.unsupported_reason(fp8.key)):
         pytest.skip(why)
-    wide = cases.make_paged_case(specs, 8, 2, 128, 16, torch.bfloat16, "cuda")
+    wide = cases.make_paged_case(specs, 8, 2, 128, 16, torch.float16, "cuda")
     assert wide.kv_cache.shape == fp8.kv_cache.shape
-    wide.kv_cache.copy_(fp8.kv_cache.to(torch.bfloat16))  # NaN slots stay NaN
+    wide.kv_cache.copy_(fp8.kv_cache.to(torch.float16))  # NaN slots stay NaN
+    wide.q.copy_(fp8.q.to(torch.float16))
+    assert torch.equal(wide.q.to(dtype), fp8.q)  # Q exact in fp16
     fp8.k_scale = fp8.v_scale = 1.0
     config = variant if variant is not None else fp8.plan().config  # one config for both
     if config.unsupported_reason(wide.key) is not None:
@@ -138,4 +143,11 @@ def test_fp8_bit_identical_to_16bit_cache_of_same_values(variant):
         case.ours(case.plan(config), out)
         outs.append(out)
     torch.cuda.synchronize()
-    assert torch.equal(outs[0], outs[1])
+    assert not outs[0].isnan().any() and not outs[1].isnan().any()
+    if dtype is torch.float16:
+        assert torch.equal(outs[0], outs[1])
+    else:
+        ours, fp16 = outs[0].float(), outs[1].float()
+        # |bf16(O) - O| <= 2^-9 |O| and |fp16(O) - O| <= 2^-12 |O| (half an ulp each)
+        assert ((ours - fp16).abs() <= fp16.abs() * 2.0**-8 + 1e-6).all()
+        assert not torch.equal(ours, fp16)  # it is a bf16 output, not the fp16 one
