@@ -120,8 +120,8 @@ def test_fp8_computes_on_the_converted_values(variant, dtype):
     """The fp8 kernel's GEMMs run in fp16 on exactly the converted values: with unit
     scales, an fp16 model's 16-bit cache holding the same e4m3 values (exact in fp16) and
     the same Q gives the same bits, the converter's stores and the 16-bit TMA's bytes feeding
-    the same GEMMs. A bf16 model's Q is converted to fp16 in the kernel (exact for these
-    values) and its O rounded to bf16 from fp32: within a bf16 rounding of the fp16 O."""
+    the same GEMMs. A bf16 model's Q is converted to fp16 in the kernel and its O rounded
+    to bf16 from fp32: within a bf16 rounding of the fp16 O."""
     from vllm_fa4.testing import cases
 
     specs = [(300, 700), (77, 77)]
@@ -131,8 +131,9 @@ def test_fp8_computes_on_the_converted_values(variant, dtype):
     wide = cases.make_paged_case(specs, 8, 2, 128, 16, torch.float16, "cuda")
     assert wide.kv_cache.shape == fp8.kv_cache.shape
     wide.kv_cache.copy_(fp8.kv_cache.to(torch.float16))  # NaN slots stay NaN
+    # The kernel's Q conversion rounds to nearest as torch's does: exact except for the few
+    # values in fp16's subnormal range (|q| < 2^-14), rounded alike on both sides.
     wide.q.copy_(fp8.q.to(torch.float16))
-    assert torch.equal(wide.q.to(dtype), fp8.q)  # Q exact in fp16
     fp8.k_scale = fp8.v_scale = 1.0
     config = variant if variant is not None else fp8.plan().config  # one config for both
     if config.unsupported_reason(wide.key) is not None:
