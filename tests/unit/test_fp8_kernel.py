@@ -123,6 +123,15 @@ def test_fp8_kernel_ptx_converts_in_the_producer(tmp_path, monkeypatch):
     assert "cvt.f32.bf16" in text and "cvt.rn.f16x2.f32" in text  # Q, once per tile
     assert "cvt.rn.bf16x2.f32" in text  # O in the model's dtype
     assert "fence.proxy.async.shared::cta" in text
+    # The converter loads every chunk of a row group before its first store (a load cannot
+    # move above a store it may alias; per piece, each LDS's latency was exposed): the two
+    # 64-column chunks' 16-byte loads come before the first conversion's store.
+    lines = text.splitlines()
+    first_cvt = next(i for i, line in enumerate(lines) if "cvt.rn.f16x2.e4m3x2" in line)
+    first_store = next(i for i in range(first_cvt, len(lines)) if "st.shared" in lines[i])
+    fences = ("st.shared", "bar.", "mbarrier")
+    start = max((i for i in range(first_cvt) if any(f in lines[i] for f in fences)), default=0)
+    assert sum("ld.shared.v4" in line for line in lines[start:first_store]) >= 2
 
 
 def test_converter_warps_leave_the_loading_warps_alone():

@@ -93,13 +93,18 @@ UNIT_BYTES = 16  # a swizzle moves 16-byte units; within one the bytes stay in o
 
 
 @cute.jit
-def convert_piece(src, src_units, dst, dst_units):
-    """One lane's VEC elements: a 16-byte load, VEC/2 pairs, two 16-byte stores. ``src`` /
-    ``dst`` are the piece's first element on the unswizzled pointer; ``*_units`` the element
-    offset the swizzle adds to each 16-byte unit of the piece (unit_offsets)."""
-    per_unit = UNIT_BYTES // (dst.dtype.width // 8)
+def load_piece(src, src_units):
+    """One lane's VEC fp8 elements (one 16-byte load); ``src`` is the piece's first element on
+    the unswizzled pointer, ``src_units`` the offset its swizzle adds (unit_offsets)."""
     raw = cute.make_rmem_tensor(cute.make_layout(VEC), src.dtype)
     cute.autovec_copy(cute.make_tensor(src + src_units[0], cute.make_layout(VEC)), raw)
+    return raw
+
+
+@cute.jit
+def store_piece(raw, dst, dst_units):
+    """``raw``'s VEC/2 pairs as fp16, two 16-byte stores; ``dst_units`` as for load_piece."""
+    per_unit = UNIT_BYTES // (dst.dtype.width // 8)
     words = cute.recast_tensor(raw, Int32)
     for u in cutlass.range_constexpr(len(dst_units)):
         out = cute.make_rmem_tensor(cute.make_layout(per_unit), dst.dtype)
@@ -180,14 +185,13 @@ def convert_tile(src: cute.Tensor, dst: cute.Tensor, me: Converter, dtype: cutla
     _, copy_out = _warp_copy(dtype)
     t_src, src_units = _lane_pieces(src, copy_in, me.lane)
     t_dst, dst_units = _lane_pieces(dst, copy_out, me.lane)
+    chunks = cute.size(t_src, mode=[2])
     for m in cutlass.range(me.rank, cute.size(t_src, mode=[1]), me.warps, unroll=1):
-        for k in cutlass.range_constexpr(cute.size(t_src, mode=[2])):
-            convert_piece(
-                t_src[None, m, k].iterator,
-                src_units,
-                t_dst[None, m, k].iterator,
-                dst_units,
-            )
+        # Every chunk's load first: the compiler cannot move a load above an earlier store
+        # (it may alias), so load-convert-store per piece exposed each LDS's latency.
+        raws = [load_piece(t_src[None, m, k].iterator, src_units) for k in range(chunks)]
+        for k in cutlass.range_constexpr(chunks):
+            store_piece(raws[k], t_dst[None, m, k].iterator, dst_units)
 
 
 @cute.jit
