@@ -1,4 +1,4 @@
-"""FP8 (e4m3) KV cache timing (issue 30): our kernel reading the fp8 cache with 16-bit math vs
+"""FP8 (e4m3) KV cache timing (issue 30): our kernel reading the fp8 cache with fp16 GEMMs vs
 vLLM's FA3 FP8 call on the same cache, in one process, contenders interleaved.
 
 Run: python benchmarks/fp8_ab.py [--models llama-3.1-8b,gemma-2-9b] [--pages 16,128]
