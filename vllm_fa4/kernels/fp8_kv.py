@@ -64,7 +64,7 @@ class KvStaging:
     staged_pipe: pipeline.PipelineTmaAsync  # TMA -> converters (transaction bytes)
     staged: cute.Tensor  # (tile_n, D, staging stages) fp8
     pipe: pipeline.PipelineAsync  # converters -> consumers (thread arrivals)
-    smem: cute.Tensor  # (tile_n, D, KV_STAGES) in the model's dtype
+    smem: cute.Tensor  # (tile_n, D, KV_STAGES) fp16 (the GEMMs' dtype)
 
 
 @dataclass
@@ -178,11 +178,11 @@ def _lane_pieces(tile: cute.Tensor, copy, lane: Int32):
 
 
 @cute.jit
-def convert_tile(src: cute.Tensor, dst: cute.Tensor, me: Converter, dtype: cutlass.Constexpr):
+def convert_tile(src: cute.Tensor, dst: cute.Tensor, me: Converter):
     """dst (tile_n, D) fp16 <- src (tile_n, D) fp8, this warp's 8-row groups."""
-    assert dtype is cutlass.Float16, dtype  # the GEMMs of an fp8 cache run in fp16
+    assert dst.element_type is cutlass.Float16, dst.element_type  # an fp8 cache's GEMMs: fp16
     _, copy_in = _warp_copy(src.element_type)
-    _, copy_out = _warp_copy(dtype)
+    _, copy_out = _warp_copy(dst.element_type)
     t_src, src_units = _lane_pieces(src, copy_in, me.lane)
     t_dst, dst_units = _lane_pieces(dst, copy_out, me.lane)
     chunks = cute.size(t_src, mode=[2])
@@ -195,14 +195,12 @@ def convert_tile(src: cute.Tensor, dst: cute.Tensor, me: Converter, dtype: cutla
 
 
 @cute.jit
-def convert_block(kv: KvStaging, staged_state, state, me: Converter, dtype: cutlass.Constexpr):
+def convert_block(kv: KvStaging, staged_state, state, me: Converter):
     """Wait for one staged fp8 tile, convert it into the next 16-bit stage, publish that
     stage to the consumers and free the staging slot."""
     kv.staged_pipe.consumer_wait(staged_state)
     kv.pipe.producer_acquire(state)
-    convert_tile(
-        kv.staged[None, None, staged_state.index], kv.smem[None, None, state.index], me, dtype
-    )
+    convert_tile(kv.staged[None, None, staged_state.index], kv.smem[None, None, state.index], me)
     # The consumers' wgmma reads the stage through the async proxy.
     cute.arch.fence_view_async_shared()
     kv.pipe.producer_commit(state)

@@ -690,21 +690,21 @@ class Sm90PagedPrefill:
         if cutlass.const_expr(self.overlap):
             if n_count > 0:
                 staged_v, stage_v = staged.clone(), stage.clone()
-                convert_block(kv_k, staged, stage, me, self.mma_dtype)
+                convert_block(kv_k, staged, stage, me)
                 staged.advance()
                 stage.advance()
                 for _ in cutlass.range(1, n_count, unroll=1):
-                    convert_block(kv_k, staged, stage, me, self.mma_dtype)
-                    convert_block(kv_v, staged_v, stage_v, me, self.mma_dtype)
+                    convert_block(kv_k, staged, stage, me)
+                    convert_block(kv_v, staged_v, stage_v, me)
                     staged.advance()
                     stage.advance()
                     staged_v.advance()
                     stage_v.advance()
-                convert_block(kv_v, staged_v, stage_v, me, self.mma_dtype)
+                convert_block(kv_v, staged_v, stage_v, me)
         else:
             for _ in cutlass.range(n_count, unroll=1):
-                convert_block(kv_k, staged, stage, me, self.mma_dtype)
-                convert_block(kv_v, staged, stage, me, self.mma_dtype)
+                convert_block(kv_k, staged, stage, me)
+                convert_block(kv_v, staged, stage, me)
                 staged.advance()
                 stage.advance()
         return staged, stage
@@ -1065,6 +1065,14 @@ class Sm90PagedPrefill:
         self.issue_q(work, mQ, sQ, tidx, wg)
         self.wait_q(wg)
 
+    def q_rows_copy(self, atom, tidx: Int32):
+        """This thread's slice of a warpgroup's 16-byte copies over its 64 rows of Q (issue_q's
+        cp.async loads, convert_q's in-place conversion): a row's lanes side by side."""
+        lanes_per_row = self.head_dim // 8  # 16 B each
+        thr_layout = cute.make_ordered_layout((128 // lanes_per_row, lanes_per_row), order=(1, 0))
+        tiled_copy = cute.make_tiled_copy_tv(atom, thr_layout, cute.make_layout((1, 8)))
+        return tiled_copy.get_slice(tidx % 128)
+
     @cute.jit
     def issue_q(self, work, mQ: cute.Tensor, sQ: cute.Tensor, tidx: Int32, wg: Int32):
         """cp.async this warpgroup's 64 packed rows of Q (one commit group, not waited for);
@@ -1072,11 +1080,8 @@ class Sm90PagedPrefill:
         rows never mix)."""
         if cutlass.const_expr(self.cfg.persistent):
             wg_sync(wg)  # the WG's last reads of sQ (GEMMs, staged epilogue) are done
-        lanes_per_row = self.head_dim // 8  # 16 B each
         atom = cute.make_copy_atom(cpasync.CopyG2SOp(), self.dtype, num_bits_per_copy=128)
-        thr_layout = cute.make_ordered_layout((128 // lanes_per_row, lanes_per_row), order=(1, 0))
-        tiled_copy = cute.make_tiled_copy_tv(atom, thr_layout, cute.make_layout((1, 8)))
-        thr_copy = tiled_copy.get_slice(tidx % 128)
+        thr_copy = self.q_rows_copy(atom, tidx)
         sQw = cute.local_tile(sQ, (64, self.head_dim), (wg, 0))
         tQs = thr_copy.partition_D(sQw)
         tQc = thr_copy.partition_S(cute.make_identity_tensor((64, self.head_dim)))
@@ -1103,11 +1108,8 @@ class Sm90PagedPrefill:
     def convert_q(self, sQ: cute.Tensor, sQ_mma: cute.Tensor, tidx: Int32, wg: Int32):
         """`q_converts`: this warpgroup's 64 rows of Q, bf16 -> fp16 in place (exact in
         fp16's normal range; beyond it saturated, never inf), then visible to its wgmma."""
-        lanes_per_row = self.head_dim // 8  # 16 B each
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
-        thr_layout = cute.make_ordered_layout((128 // lanes_per_row, lanes_per_row), order=(1, 0))
-        tiled_copy = cute.make_tiled_copy_tv(atom, thr_layout, cute.make_layout((1, 8)))
-        thr_copy = tiled_copy.get_slice(tidx % 128)
+        thr_copy = self.q_rows_copy(atom, tidx)
         src = thr_copy.partition_S(cute.local_tile(sQ, (64, self.head_dim), (wg, 0)))
         dst = thr_copy.partition_D(cute.local_tile(sQ_mma, (64, self.head_dim), (wg, 0)))
         for m in cutlass.range_constexpr(cute.size(src, mode=[1])):
@@ -1258,12 +1260,11 @@ class Sm90PagedPrefill:
         elif cutlass.const_expr(not self.q_tma):
             self.load_q(work, mQ, sQ, tidx, wg)
         convert_q = None  # `q_converts`: this tile's Q to fp16 once it has landed
-        if cutlass.const_expr(self.q_converts):
-            stage = (lambda t: t[None, None, q_stage]) if self.q_tma else (lambda t: t)
-            convert_q = partial(self.convert_q, stage(sQ), stage(sQ_mma), tidx, wg)
-            if cutlass.const_expr(not self.q_tma):
-                convert_q()  # with `q_tma` Q lands with the first K block: first_block
-                convert_q = None
+        if cutlass.const_expr(self.q_converts and self.q_tma):  # it lands with the first K
+            stage_q = (sQ[None, None, q_stage], sQ_mma[None, None, q_stage])
+            convert_q = partial(self.convert_q, *stage_q, tidx, wg)  # block: first_block
+        elif cutlass.const_expr(self.q_converts):
+            self.convert_q(sQ, sQ_mma, tidx, wg)
         next_tile = Int32(0)  # q_prefetch only
 
         row_max = cute.make_rmem_tensor(num_rows, Float32)
