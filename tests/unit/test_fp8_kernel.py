@@ -123,15 +123,33 @@ def test_fp8_kernel_ptx_converts_in_the_producer(tmp_path, monkeypatch):
     assert "cvt.f32.bf16" in text and "cvt.rn.f16x2.f32" in text  # Q, once per tile
     assert "cvt.rn.bf16x2.f32" in text  # O in the model's dtype
     assert "fence.proxy.async.shared::cta" in text
-    # The converter loads every chunk of a row group before its first store (a load cannot
-    # move above a store it may alias; per piece, each LDS's latency was exposed): the two
-    # 64-column chunks' 16-byte loads come before the first conversion's store.
+    # The converter loads a batch of pieces before its first store (a load cannot move above
+    # a store it may alias; per piece, each LDS's latency was exposed): LOAD_BATCH 16-byte
+    # loads come before the first conversion's store.
     lines = text.splitlines()
     first_cvt = next(i for i, line in enumerate(lines) if "cvt.rn.f16x2.e4m3x2" in line)
     first_store = next(i for i in range(first_cvt, len(lines)) if "st.shared" in lines[i])
     fences = ("st.shared", "bar.", "mbarrier")
     start = max((i for i in range(first_cvt) if any(f in lines[i] for f in fences)), default=0)
-    assert sum("ld.shared.v4" in line for line in lines[start:first_store]) >= 2
+    loads = sum("ld.shared.v4" in line for line in lines[start:first_store])
+    assert loads >= fp8_kv.LOAD_BATCH, loads
+
+
+@pytest.mark.parametrize("warps", [2, 3])
+@pytest.mark.parametrize("groups,chunks", [(16, 1), (16, 2), (8, 4)])  # head dims 64/128/256
+def test_converter_warps_store_every_piece_once_and_share_them_evenly(warps, groups, chunks):
+    """convert_tile's split (warp_pieces): every (8-row group, chunk) piece of a tile stored
+    by exactly one warp, and no warp more than one piece above another (whole groups gave
+    one warp 12 of 32 pieces at head dim 128 where 11 is the most needed)."""
+    shared, rest = fp8_kv.warp_pieces(groups, chunks, warps)
+    per_warp = [
+        [(rank + warps * i, k) for i, k in shared] + list(rest[rank]) for rank in range(warps)
+    ]
+    every = sorted(p for mine in per_warp for p in mine)
+    assert every == [(m, k) for m in range(groups) for k in range(chunks)]
+    counts = [len(mine) for mine in per_warp]
+    assert max(counts) - min(counts) <= 1, counts
+    assert max(counts) == -(-groups * chunks // warps)
 
 
 def test_converter_warps_leave_the_loading_warps_alone():

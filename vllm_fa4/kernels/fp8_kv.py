@@ -177,21 +177,53 @@ def _lane_pieces(tile: cute.Tensor, copy, lane: Int32):
     return pieces, tuple(cute.assume(o, divby=UNIT_BYTES // width) for o in offsets)
 
 
+# Pieces a converter warp loads before it stores any: the compiler cannot move a load above
+# an earlier store (it may alias), so each batch's loads are in flight together.
+LOAD_BATCH = 4
+
+
+def warp_pieces(groups: int, chunks: int, warps: int) -> tuple[list, list]:
+    """A tile's (8-row group, chunk) pieces among ``warps`` converter warps: each warp's
+    groups ``rank + warps * i`` whole (the same static offsets for every rank), then the
+    ``groups % warps`` groups left piece by piece, so no warp has more than one piece above
+    another (whole groups gave one warp 6 of 16 and the others 5: 12 pieces, not 11).
+    Returns (shared, rest): ``shared`` (i, chunk) pairs every warp converts, group
+    ``rank + warps * i``; ``rest[rank]`` the (group, chunk) pieces of the leftover groups."""
+    shared = [(i, k) for i in range(groups // warps) for k in range(chunks)]
+    left = groups - groups % warps
+    leftover = [(left + q // chunks, q % chunks) for q in range((groups % warps) * chunks)]
+    return shared, [leftover[rank::warps] for rank in range(warps)]
+
+
+@cute.jit
+def _convert_pieces(t_src, t_dst, src_units, dst_units, pieces, row0):
+    """``pieces`` ((group, chunk), static; group counted from ``row0``), LOAD_BATCH loads
+    before their stores."""
+    for first in cutlass.range_constexpr(0, len(pieces), LOAD_BATCH):
+        batch = pieces[first : first + LOAD_BATCH]
+        raws = [load_piece(t_src[None, row0 + m, k].iterator, src_units) for m, k in batch]
+        for b in cutlass.range_constexpr(len(batch)):
+            m, k = batch[b]
+            store_piece(raws[b], t_dst[None, row0 + m, k].iterator, dst_units)
+
+
 @cute.jit
 def convert_tile(src: cute.Tensor, dst: cute.Tensor, me: Converter):
-    """dst (tile_n, D) fp16 <- src (tile_n, D) fp8, this warp's 8-row groups."""
+    """dst (tile_n, D) fp16 <- src (tile_n, D) fp8, this warp's pieces (one lane's VEC
+    elements of 8 rows of one 64-column chunk; warp_pieces), every offset static but the
+    warp's first row group."""
     assert dst.element_type is cutlass.Float16, dst.element_type  # an fp8 cache's GEMMs: fp16
     _, copy_in = _warp_copy(src.element_type)
     _, copy_out = _warp_copy(dst.element_type)
     t_src, src_units = _lane_pieces(src, copy_in, me.lane)
     t_dst, dst_units = _lane_pieces(dst, copy_out, me.lane)
-    chunks = cute.size(t_src, mode=[2])
-    for m in cutlass.range(me.rank, cute.size(t_src, mode=[1]), me.warps, unroll=1):
-        # Every chunk's load first: the compiler cannot move a load above an earlier store
-        # (it may alias), so load-convert-store per piece exposed each LDS's latency.
-        raws = [load_piece(t_src[None, m, k].iterator, src_units) for k in range(chunks)]
-        for k in cutlass.range_constexpr(chunks):
-            store_piece(raws[k], t_dst[None, m, k].iterator, dst_units)
+    shared, rest = warp_pieces(cute.size(t_src, mode=[1]), cute.size(t_src, mode=[2]), me.warps)
+    pieces = [(me.warps * i, k) for i, k in shared]
+    _convert_pieces(t_src, t_dst, src_units, dst_units, pieces, me.rank)
+    for rank in cutlass.range_constexpr(me.warps):
+        if cutlass.const_expr(len(rest[rank]) > 0):
+            if me.rank == rank:
+                _convert_pieces(t_src, t_dst, src_units, dst_units, rest[rank], 0)
 
 
 @cute.jit
