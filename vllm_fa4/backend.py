@@ -50,9 +50,9 @@ FA3_SINK_MAX_Q_HEADS = 64  # FA3's s_aux: "We only support query heads <= 64 wit
 FP8_PREFILL_SPEED_WARNING = (
     "FA4: --kv-cache-dtype fp8 is served with 16-bit attention math on the FP8 cache (fp16 "
     "GEMMs on the exact e4m3 values, Q in fp16, fp32 softmax and accumulation), but FA4's FP8 "
-    "prefill kernel is not yet fast at head dim 128: measured 0.90x the speed of FLASH_ATTN's "
-    "FP8 prefill there and 1.38x at head dim 256 (H100, "
-    "docs/results/2026-11-26/fp8-loads-first-ab-h100.log); decode runs FLASH_ATTN's own FP8 "
+    "prefill kernel is not yet fast at head dim 128: measured 0.92x the speed of FLASH_ATTN's "
+    "FP8 prefill there and 1.39x at head dim 256 (H100, "
+    "docs/results/2026-11-26/fp8-static-pieces-ab-h100.log); decode runs FLASH_ATTN's own FP8 "
     "path. For FP8 prefill speed at head dim 128 use --attention-backend FLASH_ATTN"
 )
 _fp8_warned = False
