@@ -136,21 +136,16 @@ def contenders(case, fp8_variants):
     return fns
 
 
+def make_case(model, specs, page):
+    """The seeded fp8-cache case every contender of (model, specs, page) runs on."""
+    shape = MODELS[model]
+    hq, hkv, hd = shape.num_q_heads, shape.num_kv_heads, shape.head_dim
+    return make_paged_case(specs, hq, hkv, hd, page, DT, "cuda", seed=0, fp8_kv=True)
+
+
 def profile(model, name, specs, page, fp8_variants):
     """Each contender once between profiler start and stop, in print order."""
-    shape = MODELS[model]
-    case = make_paged_case(
-        specs,
-        shape.num_q_heads,
-        shape.num_kv_heads,
-        shape.head_dim,
-        page,
-        DT,
-        "cuda",
-        seed=0,
-        fp8_kv=True,
-    )
-    fns = contenders(case, fp8_variants)
+    fns = contenders(make_case(model, specs, page), fp8_variants)
     for fn in fns.values():  # compile and warm up outside the window
         fn()
     torch.cuda.synchronize()
@@ -163,17 +158,15 @@ def profile(model, name, specs, page, fp8_variants):
 
 
 def run(model, name, specs, page, fp8_variants, rounds):
-    shape = MODELS[model]
-    hq, hkv, hd = shape.num_q_heads, shape.num_kv_heads, shape.head_dim
-    case = make_paged_case(specs, hq, hkv, hd, page, DT, "cuda", seed=0, fp8_kv=True)
-    fns = contenders(case, fp8_variants)
+    fns = contenders(make_case(model, specs, page), fp8_variants)
     names = list(fns)
     times = {n: [] for n in names}
     for r in range(rounds):  # rotated order: drift hits every contender alike
         for n in names[r % len(names) :] + names[: r % len(names)]:
             times[n].append(do_bench(fns[n], return_mode="median") * 1e-3)
     med = {n: statistics.median(ts) for n, ts in times.items()}
-    flops = attention_flops(specs, hq, hd)
+    shape = MODELS[model]
+    flops = attention_flops(specs, shape.num_q_heads, shape.head_dim)
     label = f"{model} {name} p{page}"
     for i, n in enumerate(names):
         t = med[n]

@@ -142,9 +142,7 @@ def test_converter_warps_store_every_piece_once_and_share_them_evenly(warps, gro
     by exactly one warp, and no warp more than one piece above another (whole groups gave
     one warp 12 of 32 pieces at head dim 128 where 11 is the most needed)."""
     shared, rest = fp8_kv.warp_pieces(groups, chunks, warps)
-    per_warp = [
-        [(rank + warps * i, k) for i, k in shared] + list(rest[rank]) for rank in range(warps)
-    ]
+    per_warp = [[(rank + m, k) for m, k in shared] + list(rest[rank]) for rank in range(warps)]
     every = sorted(p for mine in per_warp for p in mine)
     assert every == [(m, k) for m in range(groups) for k in range(chunks)]
     counts = [len(mine) for mine in per_warp]

@@ -187,9 +187,9 @@ def warp_pieces(groups: int, chunks: int, warps: int) -> tuple[list, list]:
     groups ``rank + warps * i`` whole (the same static offsets for every rank), then the
     ``groups % warps`` groups left piece by piece, so no warp has more than one piece above
     another (whole groups gave one warp 6 of 16 and the others 5: 12 pieces, not 11).
-    Returns (shared, rest): ``shared`` (i, chunk) pairs every warp converts, group
-    ``rank + warps * i``; ``rest[rank]`` the (group, chunk) pieces of the leftover groups."""
-    shared = [(i, k) for i in range(groups // warps) for k in range(chunks)]
+    Returns (shared, rest): ``shared`` (group - rank, chunk) pairs every warp converts;
+    ``rest[rank]`` the (group, chunk) pieces of the leftover groups."""
+    shared = [(warps * i, k) for i in range(groups // warps) for k in range(chunks)]
     left = groups - groups % warps
     leftover = [(left + q // chunks, q % chunks) for q in range((groups % warps) * chunks)]
     return shared, [leftover[rank::warps] for rank in range(warps)]
@@ -218,8 +218,7 @@ def convert_tile(src: cute.Tensor, dst: cute.Tensor, me: Converter):
     t_src, src_units = _lane_pieces(src, copy_in, me.lane)
     t_dst, dst_units = _lane_pieces(dst, copy_out, me.lane)
     shared, rest = warp_pieces(cute.size(t_src, mode=[1]), cute.size(t_src, mode=[2]), me.warps)
-    pieces = [(me.warps * i, k) for i, k in shared]
-    _convert_pieces(t_src, t_dst, src_units, dst_units, pieces, me.rank)
+    _convert_pieces(t_src, t_dst, src_units, dst_units, shared, me.rank)
     for rank in cutlass.range_constexpr(me.warps):
         if cutlass.const_expr(len(rest[rank]) > 0):
             if me.rank == rank:
