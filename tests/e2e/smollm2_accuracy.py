@@ -16,6 +16,10 @@ JIT-built on the first run of a fresh machine (minutes).
     python3 tests/e2e/smollm2_accuracy.py               # convert (once), run, compare
     python3 tests/e2e/smollm2_accuracy.py --dry-run     # show the GGUF, prompts and commands
     python3 tests/e2e/smollm2_accuracy.py --backends FLASHINFER --reuse  # add one, keep the rest
+    python3 tests/e2e/smollm2_accuracy.py --backends FLASH_ATTN,FA4-fp8,FLASH_ATTN-fp8  # FP8 cache
+
+With ``--kv-cache-dtype fp8`` (issue 30) the contenders FA4-fp8 and FLASH_ATTN-fp8 are each
+compared with the bf16-cache FLASH_ATTN run: FA4-fp8's gap must be no larger than FLASH_ATTN-fp8's.
 
 As a test (tests/e2e/test_smollm2.py, markers `gpu` and `slow`, asserts on smollm2.json):
 
@@ -32,6 +36,7 @@ import shlex
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -51,8 +56,32 @@ from _common import (  # noqa: E402
 DEFAULT_SMOL_SITE = "/tmp/site-smol"
 BASELINE = "FLASH_ATTN"
 DEFAULT_BACKENDS = "FA4,FLASH_ATTN,FA4-fp32"
-# Contenders that are a backend run under extra environment variables.
-ROUTED_BACKENDS = {"FA4-fp32": ("FA4", {"VLLM_FA4_PREFILL_ROUTE": "reference"})}
+FP8_BACKENDS = "FLASH_ATTN,FA4-fp8,FLASH_ATTN-fp8"  # issue 30's check: each against bf16 cache
+
+
+@dataclass(frozen=True)
+class Contender:
+    """A named run: an attention backend, extra environment variables, extra engine args."""
+
+    backend: str
+    env: dict = field(default_factory=dict)
+    engine: dict = field(default_factory=dict)
+
+
+# Contenders other than a plain backend name. The fp8 ones store the KV cache as e4m3 with
+# vLLM's default scales (1.0); FA4-fp8's prefill dequantizes in the kernel (16-bit math),
+# FLASH_ATTN-fp8 runs FA3's FP8 kernel on a quantized Q. Both decode on FA3's FP8 path.
+CONTENDERS = {
+    "FA4-fp32": Contender("FA4", env={"VLLM_FA4_PREFILL_ROUTE": "reference"}),
+    "FA4-fp8": Contender("FA4", engine={"kv_cache_dtype": "fp8"}),
+    "FLASH_ATTN-fp8": Contender("FLASH_ATTN", engine={"kv_cache_dtype": "fp8"}),
+}
+
+
+def contender(name: str) -> Contender:
+    return CONTENDERS.get(name, Contender(name))
+
+
 ENGINE_KWARGS = dict(
     enable_prefix_caching=True,
     max_num_batched_tokens=2048,
@@ -310,7 +339,8 @@ def build_spec(model_dir: Path) -> dict:
 
 def worker_main(args) -> int:
     spec = json.loads(Path(args.spec).read_text())
-    backend, _ = ROUTED_BACKENDS.get(args.worker, (args.worker, {}))
+    run = contender(args.worker)
+    backend = run.backend
     if backend == "FA4":
         try:  # the entry point normally does this; be sure the name exists before parsing
             import vllm_fa4
@@ -321,7 +351,7 @@ def worker_main(args) -> int:
     from vllm import LLM, SamplingParams
 
     t0 = time.time()
-    llm = LLM(model=spec["model_dir"], attention_backend=backend, **spec["engine"])
+    llm = LLM(model=spec["model_dir"], attention_backend=backend, **spec["engine"], **run.engine)
     greedy = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"])
     gen = llm.generate(spec["prompts"], greedy)
     lp_params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
@@ -477,7 +507,7 @@ def run_worker(backend: str, spec_path: Path, out_dir: Path, timeout_s: int) -> 
     result_path, log_path = out_dir / f"result-{backend}.json", out_dir / f"worker-{backend}.log"
     result_path.unlink(missing_ok=True)
     cmd = worker_command(backend, spec_path, result_path)
-    extra_env = ROUTED_BACKENDS.get(backend, (backend, {}))[1]
+    extra_env = contender(backend).env
     shown = " ".join(f"{k}={v}" for k, v in extra_env.items())
     log(f"[{backend}] {shown} {shlex.join(cmd)}  (log: {log_path})")
     try:
@@ -515,9 +545,11 @@ def main(argv=None) -> int:
             f"({'converted' if converted(model_dir) else 'to convert'})"
         )
         for b in backends:
-            env = " ".join(f"{k}={v}" for k, v in ROUTED_BACKENDS.get(b, (b, {}))[1].items())
+            run = contender(b)
+            env = " ".join(f"{k}={v}" for k, v in run.env.items())
             cmd = worker_command(b, out_dir / "spec.json", out_dir / f"result-{b}.json")
-            log(f"{env} {shlex.join(cmd)}".strip())
+            engine = f"  (engine: {run.engine})" if run.engine else ""
+            log(f"{env} {shlex.join(cmd)}{engine}".strip())
         return 0
     if not converted(model_dir):
         if gguf is None:

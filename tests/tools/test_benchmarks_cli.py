@@ -700,6 +700,20 @@ def test_smollm2_dry_run(capsys, tmp_path):
     assert "VLLM_FA4_PREFILL_ROUTE=reference" in out and "--worker FA4-fp32 " in out
 
 
+def test_smollm2_fp8_contenders_run_their_backend_on_an_fp8_cache(capsys, tmp_path):
+    # issue 30's check: the fp8 contenders are their backend with kv_cache_dtype fp8, each
+    # compared with the bf16-cache baseline
+    for name, backend in (("FA4-fp8", "FA4"), ("FLASH_ATTN-fp8", "FLASH_ATTN")):
+        run = smollm2.contender(name)
+        assert run.backend == backend and run.engine == {"kv_cache_dtype": "fp8"}, run
+    assert smollm2.contender("FA4") == smollm2.Contender("FA4")
+    assert smollm2.BASELINE in smollm2.split_list(smollm2.FP8_BACKENDS)
+    args = ["--dry-run", "--out", str(tmp_path), "--smol-site", str(tmp_path)]
+    assert smollm2.main([*args, "--backends", smollm2.FP8_BACKENDS]) == 0
+    out = capsys.readouterr().out
+    assert "--worker FA4-fp8 " in out and "'kv_cache_dtype': 'fp8'" in out
+
+
 def test_smollm2_dry_run_as_a_script(tmp_path):
     # run from tests/e2e, the script still finds benchmarks/_common.py
     args = ["--dry-run", "--out", str(tmp_path), "--smol-site", str(tmp_path)]
