@@ -676,13 +676,10 @@ class Sm90PagedPrefill:
 
     @cute.jit
     def convert(self, work, kv, states, q_stage: cutlass.Constexpr[int] = 0):
-        """One tile's K/V blocks, fp8 staging -> 16-bit stages, K_j before V_j. Overlapped
-        consumers take K_(j+1) before V_j, but converting in that order left the converters
-        waiting for K_(j+1)'s stage (freed once the later consumer warpgroup is done with
-        K_(j-1)) while the earlier warpgroup waited for V_j (docs/perf-notes.md, FP8 session
-        6): K_0, then V_(j-1) before K_j (the loop peeled so, with V's states apart, the
-        producer's registers do not spill). `states` = (staging ring, 16-bit ring), K's.
-        Returns the advanced states."""
+        """One tile's K/V blocks, fp8 staging -> 16-bit stages, in the order the producer
+        issues them (so in the consumers' order): overlapped, K_{j-1} before V_j; else K_j,
+        V_j. `states` = (staging ring, 16-bit ring), K's; V's run one block behind with
+        overlap. Returns the advanced states."""
         kv_k, kv_v = kv
         staged, stage = states
         tidx, _, _ = cute.arch.thread_idx()
@@ -697,8 +694,8 @@ class Sm90PagedPrefill:
                 staged.advance()
                 stage.advance()
                 for _ in cutlass.range(1, n_count, unroll=1):
-                    convert_block(kv_v, staged_v, stage_v, me)
                     convert_block(kv_k, staged, stage, me)
+                    convert_block(kv_v, staged_v, stage_v, me)
                     staged.advance()
                     stage.advance()
                     staged_v.advance()
