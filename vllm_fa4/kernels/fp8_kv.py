@@ -177,12 +177,9 @@ def _lane_pieces(tile: cute.Tensor, copy, lane: Int32):
     return pieces, tuple(cute.assume(o, divby=UNIT_BYTES // width) for o in offsets)
 
 
-def load_batch(chunks: int) -> int:
-    """Pieces a converter warp loads before it stores any: the compiler cannot move a load
-    above an earlier store (it may alias), so each batch's loads are in flight together. 6 at
-    head dim 128 (2 chunks; 11 pieces a warp in batches 6 + 4 + 1), 4 elsewhere: at head dim
-    256 a batch of 6 spilled 10 more of the producer's 40 registers (CPU SASS)."""
-    return 6 if chunks == 2 else 4
+# Pieces a converter warp loads before it stores any: the compiler cannot move a load above
+# an earlier store (it may alias), so each batch's loads are in flight together.
+LOAD_BATCH = 4
 
 
 def warp_pieces(groups: int, chunks: int, warps: int) -> tuple[list, list]:
@@ -200,11 +197,10 @@ def warp_pieces(groups: int, chunks: int, warps: int) -> tuple[list, list]:
 
 @cute.jit
 def _convert_pieces(t_src, t_dst, src_units, dst_units, pieces, row0):
-    """``pieces`` ((group, chunk), static; group counted from ``row0``), load_batch loads
+    """``pieces`` ((group, chunk), static; group counted from ``row0``), LOAD_BATCH loads
     before their stores."""
-    size = load_batch(cute.size(t_src, mode=[2]))
-    for first in cutlass.range_constexpr(0, len(pieces), size):
-        batch = pieces[first : first + size]
+    for first in cutlass.range_constexpr(0, len(pieces), LOAD_BATCH):
+        batch = pieces[first : first + LOAD_BATCH]
         raws = [load_piece(t_src[None, row0 + m, k].iterator, src_units) for m, k in batch]
         for b in cutlass.range_constexpr(len(batch)):
             m, k = batch[b]
