@@ -152,6 +152,11 @@ for s in "$@"; do
       --contenders "'${VARIANTS_AB:-default}'" ;;
     pack) tar -C "$OUT" -czf "${PACK:?}" . && ls -la "$PACK" ;;
     smollm2) TAIL=60 step smollm2 560 $PY tests/e2e/smollm2_accuracy.py --out $OUT/smollm2 ;;
+    # issue 30: FA4 and FLASH_ATTN on an FP8 cache, each against the bf16 cache (about 4 min)
+    smollm2fp8) TAIL=30 step smollm2-fp8 560 $PY tests/e2e/smollm2_accuracy.py --enforce-eager \
+      --backends FLASH_ATTN,FA4-fp8,FLASH_ATTN-fp8 --out $OUT/smollm2-fp8 ;;
+    fp8ab) TAIL=40 step fp8-ab 300 $PY benchmarks/fp8_ab.py --rounds 2 \
+      --cases "'${FP8_CASES:-4kx4,16kx1,2k@64k}'" ;;
     serve) TAIL=60 step serve 420 serve_check ;;
     # FlashInfer JIT-builds its sampling module (~95 s, 16 cores) the first time any vLLM
     # server samples on a fresh machine (docs/reliability.md); build it once, outside the
