@@ -18,8 +18,9 @@ JIT-built on the first run of a fresh machine (minutes).
     python3 tests/e2e/smollm2_accuracy.py --backends FLASHINFER --reuse  # add one, keep the rest
     python3 tests/e2e/smollm2_accuracy.py --backends FLASH_ATTN,FA4-fp8,FLASH_ATTN-fp8  # FP8 cache
 
-With ``--kv-cache-dtype fp8`` (issue 30) the contenders FA4-fp8 and FLASH_ATTN-fp8 are each
-compared with the bf16-cache FLASH_ATTN run: FA4-fp8's gap must be no larger than FLASH_ATTN-fp8's.
+With an FP8 KV cache (issue 30; the engine's ``kv_cache_dtype="fp8"``) the contenders FA4-fp8
+and FLASH_ATTN-fp8 are each compared with the bf16-cache FLASH_ATTN run: FA4-fp8's gap must be
+no larger than FLASH_ATTN-fp8's.
 
 As a test (tests/e2e/test_smollm2.py, markers `gpu` and `slow`, asserts on smollm2.json):
 
