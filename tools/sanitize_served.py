@@ -6,6 +6,7 @@ compute-sanitizer (memcheck, racecheck, synccheck) to watch.
     compute-sanitizer --tool memcheck python tools/sanitize_served.py
     compute-sanitizer --tool racecheck python tools/sanitize_served.py --short-only --shard 0/8
     compute-sanitizer --tool memcheck python tools/sanitize_served.py --fp8-only   # or --no-fp8
+    compute-sanitizer --tool racecheck python tools/sanitize_served.py --wrap --ctas 16 --shard 0/16
 
 The set is ``serving_configs(key).all`` over keys that make different code: head dims 64 /
 128 / 256, pages 16 and 128, both dtypes at head dim 128, the model features (window, soft
@@ -17,6 +18,11 @@ wide_box into per-chunk boxes. Each (key, config) runs a short batch and a long 
 the output against the fp32 reference (on the dequantized cache for FP8), so a run that
 "passes" the sanitizer also computed the right thing. Prints one line per run and a summary;
 exits 1 on a wrong output.
+
+Racecheck runs minutes on a long batch, so the long batches' own hazards (a persistent CTA
+moving to its next tile, stage rings wrapping many times) get a cheaper stand-in: ``--wrap``
+runs WRAP (the short batch with one request's keys long enough to wrap every stage ring) and
+``--ctas N`` caps the persistent grid at N CTAs, so each CTA takes several tiles in turn.
 """
 
 from __future__ import annotations
@@ -116,6 +122,9 @@ SHAPES = (
 )
 SHORT = [(70, 300), (130, 130), (1, 40), (0, 9)]
 LONG = [(1500, 2600), (777, 777)]
+# SHORT with the first request's keys at 1300: 10 K/V tiles of 128 (20 of 64) per work tile, so
+# every staging and K/V stage ring wraps several times, at about twice SHORT's racecheck cost.
+WRAP = [(70, 1300), (130, 130), (1, 40), (0, 9)]
 # Bytes after each page (vLLM's page_size_padded - page bytes): 16-byte aligned (the kernel's
 # and startup's rule), a whole number of elements of either cache dtype (64 bf16, 128 e4m3)
 # and not a whole wide box, so wide_box refits to per-chunk boxes.
@@ -210,6 +219,14 @@ def runs(batches=(SHORT, LONG), fp8: bool | None = None):
                 yield shape.label, shape.key, config, case, pad
 
 
+def _cap_persistent_grid(ctas: int) -> None:
+    """Launch persistent configs on at most ``ctas`` CTAs: ``prefill_forward`` sizes their grid
+    as min(tiles, SM count) from launch's per-device SM count, which is seeded here."""
+    from vllm_fa4.kernels import launch
+
+    launch._SM_COUNT[torch.device("cuda", torch.cuda.current_device())] = ctas
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--precompile", action="store_true", help="only compile into the cache")
@@ -220,6 +237,15 @@ def main(argv=None) -> int:
         "--shard",
         default="0/1",
         help="I/N: every N-th run from the I-th (racecheck: N processes side by side)",
+    )
+    ap.add_argument(
+        "--wrap", action="store_true", help="only WRAP (racecheck's stand-in for the long batch)"
+    )
+    ap.add_argument(
+        "--ctas",
+        type=int,
+        default=None,
+        help="cap the persistent grid at N CTAs, so each CTA runs several tiles in turn",
     )
     kv = ap.add_mutually_exclusive_group()
     kv.add_argument(
@@ -234,8 +260,10 @@ def main(argv=None) -> int:
     from vllm_fa4.kernels.compile import compile_keys
     from vllm_fa4.paged_prefill import run_prefill
 
+    if args.ctas is not None:
+        _cap_persistent_grid(args.ctas)
     seen, bad, count, t0 = set(), 0, 0, time.perf_counter()
-    batches = (SHORT,) if args.short_only else (SHORT, LONG)
+    batches = (WRAP,) if args.wrap else (SHORT,) if args.short_only else (SHORT, LONG)
     for n, (label, key, config, case, pad) in enumerate(runs(batches, args.fp8)):
         if n % shards != index:
             continue
@@ -244,6 +272,7 @@ def main(argv=None) -> int:
             compile_keys([key], config, progress=False)
         if args.precompile:
             continue
+        t_run = time.perf_counter()
         plan = case.plan(config)
         k, v = _padded_views(case, PAD_BYTES) if pad else (case.k_cache, case.v_cache)
         out = case.new_out()
@@ -265,7 +294,10 @@ def main(argv=None) -> int:
         bad += not ok
         count += 1
         layout = "padded" if pad else "packed"
-        print(f"{'ok ' if ok else 'BAD'} {label:<40} {layout:<6} {config.spec}  max err {err:.2e}")
+        print(
+            f"{'ok ' if ok else 'BAD'} {label:<40} {layout:<6} {config.spec}  max err {err:.2e}"
+            f"  {time.perf_counter() - t_run:.0f} s"
+        )
     what = "compiled" if args.precompile else f"ran {count} batches,"
     print(f"{what} {len(seen)} (key, config) pairs, {bad} wrong, {time.perf_counter() - t0:.0f} s")
     return 1 if bad else 0

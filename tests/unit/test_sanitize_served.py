@@ -90,3 +90,29 @@ def test_help_runs():
     assert done.returncode == 0, done.stderr
     for flag in ("--precompile", "--short-only", "--shard", "--fp8-only", "--no-fp8"):
         assert flag in done.stdout
+
+
+def test_wrap_batch_wraps_every_ring_of_every_unwindowed_config():
+    """WRAP (racecheck's stand-in for the long batch) must give each work tile of its longest
+    request more K/V tiles than twice the K/V and staging rings hold, or it stops testing
+    what the long batch adds."""
+    from vllm_fa4.kernels.config import KV_STAGES, tile_geometry
+
+    longest = max(k for _, k in tool.WRAP)
+    assert max(q for q, _ in tool.WRAP) <= max(q for q, _ in tool.SHORT)  # cost stays short-like
+    for label, key, config, _ in tool.pairs():
+        if key.sliding_window:  # its windows hold 2-3 tiles; --ctas wraps its rings across tiles
+            continue
+        tiles = longest // tile_geometry(key, config.mma_wgs).tile_n
+        assert tiles > 2 * (KV_STAGES + config.staging_stages(key)), (label, config.spec, tiles)
+
+
+def test_ctas_caps_the_persistent_grid(monkeypatch):
+    import torch
+
+    from vllm_fa4.kernels import launch
+
+    monkeypatch.setattr(launch, "_SM_COUNT", {})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    tool._cap_persistent_grid(7)
+    assert launch._sm_count(torch.device("cuda", 0)) == 7
