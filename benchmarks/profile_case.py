@@ -5,6 +5,9 @@
         python benchmarks/profile_case.py --case 8kx2 --page 128 \
             --contenders "default default@l2=32"
 
+``--model gemma-2-9b --softcap 50`` (``--window-left N``) profiles a model feature, both
+contenders given it as in variants_ab.py.
+
 Contenders as in variants_ab.py (config spec, optional ``@l2=MiB``); FA3 (vLLM's build) is
 always launched last on the same inputs. Every contender is warmed up (compiled) first, and
 the outputs are checked against each other, so a profile never shows a broken kernel.
@@ -14,7 +17,16 @@ import argparse
 
 import torch
 from _common import MODELS
-from variants_ab import CASES, DEFAULT_MODEL, DT, fa3_call, ours_call, parse_contender
+from variants_ab import (
+    CASES,
+    DEFAULT_MODEL,
+    DT,
+    _softcap,
+    _window_left,
+    fa3_call,
+    ours_call,
+    parse_contender,
+)
 
 from vllm_fa4.testing.cases import make_paged_case
 
@@ -25,10 +37,21 @@ def main():
     ap.add_argument("--page", type=int, default=128)
     ap.add_argument("--contenders", default="default")
     ap.add_argument("--model", default=DEFAULT_MODEL, choices=list(MODELS))
+    ap.add_argument("--window-left", type=_window_left, default=None, help="as variants_ab.py")
+    ap.add_argument("--softcap", type=_softcap, default=None, help="as variants_ab.py")
     args = ap.parse_args()
     shape = MODELS[args.model]
     heads = (shape.num_q_heads, shape.num_kv_heads, shape.head_dim)
-    case = make_paged_case(CASES[args.case][1], *heads, args.page, DT, "cuda", seed=0)
+    case = make_paged_case(
+        CASES[args.case][1],
+        *heads,
+        args.page,
+        DT,
+        "cuda",
+        seed=0,
+        window_left=args.window_left,
+        softcap=args.softcap,
+    )
     fns = {}
     for text in args.contenders.split():
         config, options = parse_contender(text)
