@@ -206,6 +206,10 @@ class BlockStep(Enum):
     # OVERLAP with the P V wait after the first row's exponentials: P's packing and the V
     # release run among the second row's, O's rescale moves to the next block's turn.
     OVERLAP_PV_WAIT_MID = "pv_wait_mid"
+    # OVERLAP without the turns: each warpgroup issues its GEMMs once its operands are ready
+    # (FA3's choice at head dim 256, where a block's GEMMs outlast its softmax; measured in
+    # docs/perf-notes.md, 2026-11-27).
+    OVERLAP_FREE = "overlap_free"
 
 
 class KvBox(Enum):
@@ -392,8 +396,9 @@ class KernelConfig:
     @property
     def turns(self) -> int:
         """Consumer warpgroups taking turns at the tensor pipe (barriers.py): every one with
-        an overlapped step (ping-pong), none with the serial one."""
-        return 0 if self.block_step is BlockStep.SERIAL else self.mma_wgs
+        an overlapped step (ping-pong), none with the serial one or `overlap_free`."""
+        unturned = (BlockStep.SERIAL, BlockStep.OVERLAP_FREE)
+        return 0 if self.block_step in unturned else self.mma_wgs
 
     @property
     def q_stages(self) -> int:

@@ -15,8 +15,9 @@ The config's axes (kernels/config.py describes each value) and where they live h
               walk_v_loads (v_warp)
   q_load      load_q / issue_q (CP_ASYNC), prefetch_next_q (PREFETCH), issue_q_boxes and
               free_q_stage (TMA: the consumer's tile body exists once per Q stage)
-  block_step  consume's serial loop (SERIAL) or overlap_step (OVERLAP, OVERLAP_PV_WAIT_MID);
-              ping-pong turns (barriers.py) with every overlapped step
+  block_step  consume's serial loop (SERIAL) or overlap_step (OVERLAP, OVERLAP_PV_WAIT_MID,
+              OVERLAP_FREE); ping-pong turns (barriers.py) with every overlapped step but
+              OVERLAP_FREE
   kv_box      make_kv_tma, _kv_source (WIDE: paged_kv.slot_view, kv_smem_order)
   page_read   _block_pages (BLOCK_AHEAD: paged_kv.read_block_pages)
   epilogue    epilogue.write_output (STAGED: through the warpgroup's slice of sQ)
