@@ -96,7 +96,12 @@ SHAPES = (
     Shape("bfloat16", 64, 16, 64, 8, window=127, sinks=True),  # gpt-oss windowed layers
     Shape("bfloat16", 64, 16, 64, 8, sinks=True),  # gpt-oss global layers
     Shape("bfloat16", 256, 16, 16, 8, window=4095, softcap=50.0),  # Gemma 2 local layers
+    Shape("bfloat16", 256, 16, 16, 8, softcap=50.0),  # Gemma 2 global layers at page 16
     Shape("bfloat16", 256, 128, 16, 8, softcap=50.0),  # Gemma 2 global layers
+    # Windows at page 128 (--block-size 128): rows of their own in policy.TABLE.
+    Shape("bfloat16", 64, 128, 64, 8, window=127, sinks=True),
+    Shape("bfloat16", 128, 128, 32, 8, window=4095),
+    Shape("bfloat16", 256, 128, 16, 8, window=4095, softcap=50.0),
     # FP8 (e4m3) caches, --kv-cache-dtype fp8 (FP8_TABLE): every row serving can launch.
     # Head dim 128: pages_ahead + staged_epilogue, two staging slots (Llama-3.1-8B).
     Shape("bfloat16", 128, 16, 32, 8, kv_dtype=FP8),
@@ -119,6 +124,11 @@ SHAPES = (
     # Gemma 2 global layers at page 128: one_per_cta (converters without a queue), boxes of
     # half a page (tile_n 64).
     Shape("bfloat16", 256, 128, 16, 8, softcap=50.0, kv_dtype=FP8),
+    # Page 128 at head dim 64 and the windows at page 128: FP8_TABLE's rows of their own.
+    Shape("bfloat16", 64, 128, 32, 8, kv_dtype=FP8),
+    Shape("bfloat16", 64, 128, 64, 8, window=127, sinks=True, kv_dtype=FP8),
+    Shape("bfloat16", 128, 128, 32, 8, window=4095, kv_dtype=FP8),
+    Shape("bfloat16", 256, 128, 16, 8, window=4095, softcap=50.0, kv_dtype=FP8),
 )
 SHORT = [(70, 300), (130, 130), (1, 40), (0, 9)]
 LONG = [(1500, 2600), (777, 777)]

@@ -116,3 +116,16 @@ def test_ctas_caps_the_persistent_grid(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     tool._cap_persistent_grid(7)
     assert launch._sm_count(torch.device("cuda", 0)) == 7
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_every_policy_row_has_a_shape(fp8):
+    """Each row of the serving table (head dim, window, page class) has a shape in the
+    sanitizer's set, so every config serving launches is run under the sanitizers."""
+    from vllm_fa4.paged_prefill.policy import LONG_BATCH_MIN_PAGE, TABLE
+
+    table = FP8_TABLE if fp8 else TABLE
+    rows = {
+        (s.head_dim, s.window is not None, s.page >= LONG_BATCH_MIN_PAGE) for s in tool.shapes(fp8)
+    }
+    assert sorted(set(table) - rows) == []
