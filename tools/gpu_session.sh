@@ -89,14 +89,24 @@ SOAK_MINUTES="${SOAK_MINUTES:-5}"  # whole minutes; over 5 needs a call longer t
 SOAK_LIMIT="${SOAK_LIMIT:-$((SOAK_MINUTES * 60 + 290))}"
 export OUT PY VLLM MODEL SOAK_OUT
 sanitize() {  # compute-sanitizer over every served config (tools/sanitize_served.py), 16-bit
-  # and FP8 builds as separate runs (each fits the step's limit; together they may not)
+  # and FP8 builds as separate runs (each fits the step's limit; together they may not: one
+  # tool a call, e.g. SANITIZE_TOOLS=racewrap, about 4-5 minutes a set on an H100)
   $PY tools/sanitize_served.py --precompile | tail -1
   local tool i set
   for set in no-fp8 fp8-only; do
-    for tool in ${SANITIZE_TOOLS:-memcheck synccheck racecheck}; do
+    for tool in ${SANITIZE_TOOLS:-memcheck synccheck racecheck racewrap}; do
       echo "--- $tool --$set"
       local log="$OUT/sanitize-$tool-$set.log"
-      if [ "$tool" = racecheck ]; then  # ~40 s a short batch: the short ones, 12 processes at once
+      if [ "$tool" = racewrap ]; then  # ring wraps and tile changes: WRAP on 16 CTAs, 16 processes
+        for i in $(seq 0 15); do
+          compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 3 \
+            --print-limit 20 $PY tools/sanitize_served.py --$set --wrap --ctas 16 --shard "$i/16" \
+            > "$OUT/racewrap-shard$i.log" 2>&1 &
+        done
+        wait
+        for i in $(seq 0 15); do cat "$OUT/racewrap-shard$i.log"; done > "$log"
+        rm -f "$OUT"/racewrap-shard*.log
+      elif [ "$tool" = racecheck ]; then  # ~40 s a short batch: the short ones, 12 processes at once
         for i in $(seq 0 11); do
           compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 3 \
             --print-limit 20 $PY tools/sanitize_served.py --$set --short-only --shard "$i/12" \
