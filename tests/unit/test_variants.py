@@ -71,3 +71,19 @@ def test_scheduler_test_runs_every_served_config():
     for key, config in served_configs():
         window = module.WINDOW_LEFT if key.sliding_window else None
         assert (key.head_dim, key.page_size, window, key.fp8_kv, config) in runs, config.spec
+
+
+def test_only_the_turned_block_steps_take_turns():
+    """overlap_free is the overlapped step without ping-pong turns (barriers.py): 0 turns,
+    like serial; overlap and pv_wait_mid take one turn per consumer warpgroup."""
+    for spec, mma_wgs in (("queue", 2), ("queue_with_work+q_tma", 3)):
+        for step, turned in (
+            ("serial", False),
+            ("overlap_free", False),
+            ("overlap", True),
+            ("pv_wait_mid", True),
+        ):
+            config = KernelConfig.parse(f"{spec}+{step}+mma_wgs={mma_wgs}")
+            assert config.block_step is BlockStep(step)
+            assert config.turns == (mma_wgs if turned else 0), config.spec
+            assert KernelConfig.parse(config.spec) == config
