@@ -88,33 +88,30 @@ SOAK_OUT="${SOAK_OUT:-/tmp/soak}"
 SOAK_MINUTES="${SOAK_MINUTES:-5}"  # whole minutes; over 5 needs a call longer than 10 minutes
 SOAK_LIMIT="${SOAK_LIMIT:-$((SOAK_MINUTES * 60 + 290))}"
 export OUT PY VLLM MODEL SOAK_OUT
+race_shards() {  # race_shards N LOG ARGS...: racecheck over sanitize_served.py ARGS, N
+  # processes side by side (--shard I/N), their logs joined into LOG
+  local n=$1 log=$2 i; shift 2
+  for i in $(seq 0 $((n - 1))); do
+    compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 3 \
+      --print-limit 20 $PY tools/sanitize_served.py "$@" --shard "$i/$n" > "$log.shard$i" 2>&1 &
+  done
+  wait
+  for i in $(seq 0 $((n - 1))); do cat "$log.shard$i"; done > "$log"
+  rm -f "$log".shard*
+}
 sanitize() {  # compute-sanitizer over every served config (tools/sanitize_served.py), 16-bit
   # and FP8 builds as separate runs (each fits the step's limit; together they may not: one
   # tool a call, e.g. SANITIZE_TOOLS=racewrap, about 4-5 minutes a set on an H100)
   $PY tools/sanitize_served.py --precompile | tail -1
-  local tool i set
+  local tool set
   for set in no-fp8 fp8-only; do
     for tool in ${SANITIZE_TOOLS:-memcheck synccheck racecheck racewrap}; do
       echo "--- $tool --$set"
       local log="$OUT/sanitize-$tool-$set.log"
-      if [ "$tool" = racewrap ]; then  # ring wraps and tile changes: WRAP on 16 CTAs, 16 processes
-        for i in $(seq 0 15); do
-          compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 3 \
-            --print-limit 20 $PY tools/sanitize_served.py --$set --wrap --ctas 16 --shard "$i/16" \
-            > "$OUT/racewrap-shard$i.log" 2>&1 &
-        done
-        wait
-        for i in $(seq 0 15); do cat "$OUT/racewrap-shard$i.log"; done > "$log"
-        rm -f "$OUT"/racewrap-shard*.log
-      elif [ "$tool" = racecheck ]; then  # ~40 s a short batch: the short ones, 12 processes at once
-        for i in $(seq 0 11); do
-          compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 3 \
-            --print-limit 20 $PY tools/sanitize_served.py --$set --short-only --shard "$i/12" \
-            > "$OUT/racecheck-shard$i.log" 2>&1 &
-        done
-        wait
-        for i in $(seq 0 11); do cat "$OUT/racecheck-shard$i.log"; done > "$log"
-        rm -f "$OUT"/racecheck-shard*.log
+      if [ "$tool" = racewrap ]; then  # ring wraps and tile changes: WRAP on 16 CTAs
+        race_shards 16 "$log" --$set --wrap --ctas 16
+      elif [ "$tool" = racecheck ]; then  # ~40 s a short batch: the short ones
+        race_shards 12 "$log" --$set --short-only
       else
         compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 3 --print-limit 20 \
           $PY tools/sanitize_served.py --$set > "$log" 2>&1
@@ -125,7 +122,7 @@ sanitize() {  # compute-sanitizer over every served config (tools/sanitize_serve
   done
 }
 
-export -f install serve_check throughput_check variant_tests sanitize
+export -f install serve_check throughput_check variant_tests race_shards sanitize
 for s in "$@"; do
   case $s in
     env) step install 300 install; nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv ;;

@@ -240,7 +240,8 @@ def _cap_persistent_grid(ctas: int) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--precompile", action="store_true", help="only compile into the cache")
-    ap.add_argument(
+    batch = ap.add_mutually_exclusive_group()
+    batch.add_argument(
         "--short-only", action="store_true", help="only the short batch (racecheck is slow)"
     )
     ap.add_argument(
@@ -248,7 +249,7 @@ def main(argv=None) -> int:
         default="0/1",
         help="I/N: every N-th run from the I-th (racecheck: N processes side by side)",
     )
-    ap.add_argument(
+    batch.add_argument(
         "--wrap", action="store_true", help="only WRAP (racecheck's stand-in for the long batch)"
     )
     ap.add_argument(
