@@ -103,7 +103,7 @@ sanitize() {  # compute-sanitizer over every served config (tools/sanitize_serve
   # and FP8 builds as separate runs (each fits the step's limit; together they may not: one
   # tool a call, e.g. SANITIZE_TOOLS=racewrap, about 4-5 minutes a set on an H100; one set:
   # SANITIZE_SETS=fp8-only)
-  $PY tools/sanitize_served.py --precompile | tail -1
+  $PY tools/sanitize_served.py --precompile -j "${SANITIZE_JOBS:-14}" | tail -1
   local tool set
   for set in ${SANITIZE_SETS:-no-fp8 fp8-only}; do
     for tool in ${SANITIZE_TOOLS:-memcheck synccheck racecheck racewrap}; do

@@ -2,7 +2,7 @@
 """Run every kernel config serving can launch on small vLLM-shaped batches, for
 compute-sanitizer (memcheck, racecheck, synccheck) to watch.
 
-    python tools/sanitize_served.py --precompile            # compile into the disk cache first
+    python tools/sanitize_served.py --precompile -j 14      # compile into the disk cache first
     compute-sanitizer --tool memcheck python tools/sanitize_served.py
     compute-sanitizer --tool racecheck python tools/sanitize_served.py --short-only --shard 0/8
     compute-sanitizer --tool memcheck python tools/sanitize_served.py --fp8-only   # or --no-fp8
@@ -237,9 +237,36 @@ def _cap_persistent_grid(ctas: int) -> None:
     launch._SM_COUNT[torch.device("cuda", torch.cuda.current_device())] = ctas
 
 
+def _compile_pair(key: KernelKey, config: KernelConfig) -> float:
+    """Compile one (key, config) into the disk cache (a worker process of ``precompile``)."""
+    from vllm_fa4.kernels.compile import compile_keys
+
+    t0 = time.perf_counter()
+    compile_keys([key], config, progress=False)
+    return time.perf_counter() - t0
+
+
+def precompile(fp8: bool | None, workers: int) -> int:
+    """Fill the disk cache with every (key, config) of the set, ``workers`` compiles at once
+    (one process compiling them in turn takes about 6 minutes of a GPU session)."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    todo = list(dict.fromkeys((key, config) for _, key, config, _ in pairs(fp8)))
+    print(f"{len(todo)} (key, config) pairs, {workers} compiles at once", flush=True)
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(workers) as pool:
+        futures = {pool.submit(_compile_pair, *pair): pair for pair in todo}
+        for done, fut in enumerate(as_completed(futures), 1):
+            key, config = futures[fut]
+            print(f"[{done}/{len(todo)}] {fut.result():5.1f} s  {key} {config.spec}", flush=True)
+    print(f"compiled {len(todo)} (key, config) pairs, 0 wrong, {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--precompile", action="store_true", help="only compile into the cache")
+    ap.add_argument("-j", type=int, default=1, help="--precompile: compiles at once")
     batch = ap.add_mutually_exclusive_group()
     batch.add_argument(
         "--short-only", action="store_true", help="only the short batch (racecheck is slow)"
@@ -266,6 +293,8 @@ def main(argv=None) -> int:
         "--no-fp8", dest="fp8", action="store_const", const=False, help="only 16-bit caches"
     )
     args = ap.parse_args(argv)
+    if args.precompile and args.j > 1:
+        return precompile(args.fp8, args.j)
     index, shards = (int(x) for x in args.shard.split("/"))
     os.environ["VLLM_FA4_PREFILL_ROUTE"] = "kernel"
     from vllm_fa4.kernels.compile import compile_keys
