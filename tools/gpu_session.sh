@@ -21,14 +21,17 @@ PY=python3
 VLLM="$PY -m vllm.entrypoints.cli.main"
 MODEL=configs/llama-3.1-8b
 
+provenance() {  # provenance CMD...: a log's first two lines: the commit (COMMIT, set by the
+  # caller: the device copy has no .git), the machine, the date and the command
+  echo "# commit=${COMMIT:-unknown} gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -1) date=$(date -u +%FT%TZ)"
+  echo "# command: $*"
+}
+
 step() {  # step NAME SECONDS CMD...
   local name=$1 limit=$2; shift 2
   echo "=== $name (limit ${limit}s)"
   local t0=$SECONDS
-  # Provenance in every log: the commit (COMMIT, set by the caller: the device copy has no
-  # .git), the machine and the command.
-  { echo "# commit=${COMMIT:-unknown} gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -1) date=$(date -u +%FT%TZ)"
-    echo "# command: $*"; } > "$OUT/$name.log"
+  provenance "$@" > "$OUT/$name.log"  # in every log
   timeout -k 10 "$limit" bash -c "$*" >> "$OUT/$name.log" 2>&1
   local rc=$?
   echo "=== $name rc=$rc in $((SECONDS - t0))s"
@@ -90,13 +93,15 @@ SOAK_LIMIT="${SOAK_LIMIT:-$((SOAK_MINUTES * 60 + 290))}"
 export OUT PY VLLM MODEL SOAK_OUT
 race_shards() {  # race_shards N LOG ARGS...: racecheck over sanitize_served.py ARGS, N
   # processes side by side (--shard I/N), their logs joined into LOG
-  local n=$1 log=$2 i; shift 2
+  local n=$1 log=$2 i t0=$SECONDS; shift 2
+  local cmd="compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 3 --print-limit 20"
   for i in $(seq 0 $((n - 1))); do
-    compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 3 \
-      --print-limit 20 $PY tools/sanitize_served.py "$@" --shard "$i/$n" > "$log.shard$i" 2>&1 &
+    $cmd $PY tools/sanitize_served.py "$@" --shard "$i/$n" > "$log.shard$i" 2>&1 &
   done
   wait
-  for i in $(seq 0 $((n - 1))); do cat "$log.shard$i"; done > "$log"
+  { provenance "$cmd $PY tools/sanitize_served.py $* --shard I/$n (I = 0..$((n - 1)), side by side)"
+    for i in $(seq 0 $((n - 1))); do cat "$log.shard$i"; done
+    echo "# wall $((SECONDS - t0)) s"; } > "$log"
   rm -f "$log".shard*
 }
 sanitize() {  # compute-sanitizer over every served config (tools/sanitize_served.py), 16-bit
@@ -114,8 +119,8 @@ sanitize() {  # compute-sanitizer over every served config (tools/sanitize_serve
       elif [ "$tool" = racecheck ]; then  # ~40 s a short batch: the short ones
         race_shards 12 "$log" --$set --short-only
       else
-        compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 3 --print-limit 20 \
-          $PY tools/sanitize_served.py --$set > "$log" 2>&1
+        local cmd="compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 3 --print-limit 20 $PY tools/sanitize_served.py --$set"
+        { provenance "$cmd"; $cmd 2>&1; } > "$log"
         echo "rc=$?"
       fi
       grep -E "ERROR SUMMARY|RACECHECK SUMMARY|wrong|BAD" "$log" | sort | uniq -c
@@ -123,7 +128,7 @@ sanitize() {  # compute-sanitizer over every served config (tools/sanitize_serve
   done
 }
 
-export -f install serve_check throughput_check variant_tests race_shards sanitize
+export -f provenance install serve_check throughput_check variant_tests race_shards sanitize
 for s in "$@"; do
   case $s in
     env) step install 300 install; nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv ;;
