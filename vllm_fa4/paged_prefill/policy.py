@@ -75,13 +75,15 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # Head dim 256 below page 128: the persistent grid (H200 page 16: 0.99-1.04 of FA3, one
     # tile per CTA 0.86-1.02); lazy_max for long batches only (512x32 lost 1.5-2.6 % with it),
     # not with a window. Long batches without a window step without ping-pong turns
-    # (2026-11-27, H100, Gemma 2 shape page 16: +1.3 to +4.7 % in all 8 cases with and without
-    # soft cap 50; with the 4k window -1.3 and -2.9 %, so windows keep the turns).
+    # (2026-11-27, Gemma 2 shape page 16, with and without soft cap 50: +1.3 to +4.7 % in all 8
+    # cases on the H100, +1.1 to +3.3 % on the H200; with the 4k window -1.3 and -2.9 %, so
+    # windows keep the turns).
     (256, False, False): ("queue+overlap_free+lazy_max", "queue+overlap"),
     (256, True, False): ("queue+overlap", "queue+overlap"),
     # Head dim 256 at page 128 (session 3): long batches one tile per CTA (0-3 % ahead on 16k
     # and chunks after 64k), short ones the persistent grid (the CTA start-up paid once per
-    # SM lifts 512x32 from 0.85 to 0.99).
+    # SM lifts 512x32 from 0.85 to 0.99). Without turns (`one_per_cta+overlap_free`, H200, cap
+    # 50): -0.4 to +1.7 %, not taken.
     (256, False, True): ("one_per_cta+overlap", "queue+overlap"),
     (256, True, True): ("one_per_cta+overlap", "queue+overlap"),
 }
@@ -106,7 +108,7 @@ FP8_TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     ),
     (128, True, False): ("queue+overlap", "queue+overlap"),
     (128, True, True): ("queue+overlap", "queue+overlap"),
-    # overlap_free (the 16-bit pick above) is not measured on an FP8 cache: the turns stay.
+    # overlap_free (the 16-bit pick above) on an FP8 cache: -4.5 to +0.4 % (H200), the turns stay.
     (256, False, False): ("queue+overlap+lazy_max", "queue+overlap"),
 }
 
