@@ -55,6 +55,7 @@ REACHABLE = {
         "_check_tensor",
         "_check_kv_scales",
         "_config_for_views",
+        "rows_problem",
         "_say_once",
     ],
     "kernels/launch.py": ["prefill_forward", "check_slot_boxes", "_sm_count", "_tile_counters"],

@@ -318,3 +318,40 @@ def test_unreadable_layout_runs_the_reference_not_an_exception(fake_sm90, monkey
     assert len(errors) == 1 and "block stride" in errors[0] and "FLASH_ATTN" in errors[0]
     ref, _ = case.reference()
     assert torch.equal(out, ref.to(out.dtype))
+
+
+def _shifted(t: torch.Tensor, elements: int) -> torch.Tensor:
+    """``t``'s values in a view whose data pointer sits ``elements`` past a fresh buffer's."""
+    flat = torch.full((t.numel() + elements,), float("nan"), dtype=t.dtype)
+    view = flat[elements:].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+@pytest.mark.parametrize("which", ["q", "out"])
+@pytest.mark.parametrize("how", ["pointer", "stride"])
+def test_unaligned_rows_run_the_reference_not_the_kernel(fake_sm90, caplog, which, how):
+    """The kernel is built for 16-byte aligned Q / O pointers and strides: views that break
+    that go to the reference with one logged error, never to the kernel (a misaligned load
+    would fault the GPU and kill every request in flight)."""
+    case, plan = _setup(d=64)
+    plan = dataclasses.replace(plan, route="kernel")
+    q, out = case.q, case.new_out()
+    if how == "pointer":  # 1 element = 2 bytes past a 16-byte boundary
+        q, out = (_shifted(q, 1), out) if which == "q" else (q, _shifted(out, 1))
+    else:  # a token stride of Hq x D + 1 elements: not whole 16-byte units
+        t = q if which == "q" else out
+        wide = torch.full((t.shape[0], t.shape[1] * t.shape[2] + 1), float("nan"), dtype=t.dtype)
+        view = wide[:, : t.shape[1] * t.shape[2]].view(t.shape)
+        view.copy_(t)
+        q, out = (view, out) if which == "q" else (q, view)
+    with caplog.at_level(logging.ERROR, logger="vllm_fa4"):
+        run_prefill(plan, q, case.k_cache, case.v_cache, out, softmax_scale=case.softmax_scale)
+    assert fake_sm90.calls == []
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and which in errors[0] and "FLASH_ATTN" in errors[0], errors
+    ref, _ = case.reference()
+    assert torch.equal(out, ref.to(out.dtype))
+    # the aligned views of the same case are launched
+    run_prefill(plan, case.q, case.k_cache, case.v_cache, case.new_out(), softmax_scale=0.5)
+    assert len(fake_sm90.calls) == 1

@@ -108,7 +108,7 @@ def run_prefill(
     # S = k_scale * (q . k8) takes k_scale into the softmax scale (the soft cap's prescale
     # too), O = v_scale * (P v8) / l takes v_scale in the kernel's epilogue.
     if plan.route == "kernel":
-        config = _config_for_views(plan, k_cache, v_cache)
+        config = _config_for_views(plan, q, out, k_cache, v_cache)
         if config is not None:
             # Imported here: the CuTe-DSL import costs ~2 s and CPU-only users never need it.
             from vllm_fa4.kernels.launch import prefill_forward
@@ -163,16 +163,34 @@ def _check_kv_scales(plan: PrefillPlan, k_scale: float, v_scale: float) -> None:
             raise ValueError(f"{name}={scale} given for a {plan.key.dtype} cache (FP8 only)")
 
 
-def _config_for_views(plan: PrefillPlan, k_cache, v_cache) -> KernelConfig | None:
+def rows_problem(q: torch.Tensor, out: torch.Tensor) -> str | None:
+    """Why the kernel cannot take these Q / O views, or None. Its build assumes 16-byte
+    aligned data pointers and token / head strides (compile._fake_args). vLLM's rows are
+    slices of whole-token tensors whose token stride is at least Hq x D x 2 bytes, 64-aligned
+    for every head dim served, so this guards a future caller, at a few integer operations."""
+    for name, t in (("q", q), ("out", out)):
+        per_16_bytes = 16 // t.element_size()
+        if t.data_ptr() % 16:
+            return f"{name}'s data pointer is not 16-byte aligned"
+        if any(t.stride(i) % per_16_bytes for i in range(t.dim() - 1) if t.shape[i] > 1):
+            return (
+                f"{name}'s strides {tuple(t.stride())} are not whole 16-byte units "
+                f"(shape {tuple(t.shape)})"
+            )
+    return None
+
+
+def _config_for_views(plan: PrefillPlan, q, out, k_cache, v_cache) -> KernelConfig | None:
     """The plan's config fitted to the cache views' strides, or None where the kernel cannot
-    read them at all. The builder fits its configs to the layout vLLM's cache spec announces
-    (padded pages) at startup; this catches a layout nothing announced (logged once, never an
-    error: an exception here would kill every request in flight)."""
-    problem = kv_views_problem(k_cache, v_cache)
+    read the views (Q / O or the cache) at all. The builder fits its configs to the layout
+    vLLM's cache spec announces (padded pages) at startup; this catches a layout nothing
+    announced (logged once, never an error: an exception here would kill every request in
+    flight)."""
+    problem = rows_problem(q, out) or kv_views_problem(k_cache, v_cache)
     if problem is not None:
         _say_once(
             logger.error,
-            f"FA4 prefill: the kernel cannot read this KV cache ({problem}); prefill runs on "
+            f"FA4 prefill: the kernel cannot read these views ({problem}); prefill runs on "
             "the slow fp32 PyTorch reference. Use --attention-backend FLASH_ATTN for this model.",
         )
         return None
