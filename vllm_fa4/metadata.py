@@ -29,7 +29,11 @@ from vllm_fa4.compat import (
 from vllm_fa4.kernels.config import KernelKey, ModelFeatures, dtype_name
 from vllm_fa4.paged_prefill import PrefillPlan, plan_prefill, select_route
 from vllm_fa4.paged_prefill.layout import KvCacheLayout, fit_serving_configs
-from vllm_fa4.paged_prefill.policy import configured_config, serving_configs
+from vllm_fa4.paged_prefill.policy import (
+    configured_config,
+    serving_configs,
+    unreviewed_config_warning,
+)
 
 logger = logging.getLogger("vllm_fa4")
 
@@ -84,9 +88,12 @@ class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
         # VLLM_FA4_VARIANT fixes one config; unset, the plan picks per batch among the
         # measured defaults (short batches: persistent grid). All are compiled at startup,
         # fitted to the cache layout the spec announces (padded pages of hybrid models).
+        fixed = configured_config()
         self.kernel_configs = _fit_to_spec_layout(
-            serving_configs(self.kernel_key, configured_config()), self.kernel_key, kv_cache_spec
+            serving_configs(self.kernel_key, fixed), self.kernel_key, kv_cache_spec
         )
+        if (warning := unreviewed_config_warning(self.kernel_key, fixed)) is not None:
+            logger.warning(warning)
         # Startup, not mid-request: a key without a kernel raises here (route "auto" on a
         # GPU); the fp32 reference runs only when VLLM_FA4_PREFILL_ROUTE=reference asks for
         # it, or on CPU (tests). Every plan carries this one decision.

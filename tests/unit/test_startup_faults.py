@@ -10,6 +10,8 @@ for a kernel config that cannot build the head dim; the metadata builder's const
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -110,6 +112,30 @@ def test_default_variant_means_the_per_batch_serving_defaults(monkeypatch, vllm_
     assert validate() == []
     builder = make_builder(vllm_config)
     assert builder.kernel_configs == serving_configs(builder.kernel_key)
+
+
+def test_variant_outside_the_serving_picks_is_warned_at_startup(monkeypatch, vllm_config, caplog):
+    """A fixed config the table does not pick for the key builds and serves, but the fuzz
+    suite and the sanitizers never ran it: one startup warning says so; the table's own
+    picks (or unset) say nothing."""
+    from vllm_fa4.paged_prefill.policy import serving_configs
+
+    builder = make_builder(vllm_config)
+    picks = serving_configs(builder.kernel_key).all
+    for spec in (None, picks[0].spec):
+        if spec is not None:
+            monkeypatch.setenv(envs.VARIANT, spec)
+        with caplog.at_level(logging.WARNING, logger="vllm_fa4"):
+            caplog.clear()
+            make_builder(vllm_config)
+        assert not [r for r in caplog.records if "serving table" in r.getMessage()], spec
+    monkeypatch.setenv(envs.VARIANT, "one_per_cta+serial")
+    with caplog.at_level(logging.WARNING, logger="vllm_fa4"):
+        caplog.clear()
+        builder = make_builder(vllm_config)
+    (said,) = [r.getMessage() for r in caplog.records if "serving table" in r.getMessage()]
+    assert "VLLM_FA4_VARIANT='one_per_cta+serial'" in said and picks[0].spec in said
+    assert builder.kernel_configs.all == (KernelConfig.parse("one_per_cta+serial"),)
 
 
 def test_test_only_flag_is_refused_for_serving(monkeypatch, vllm_config):

@@ -161,6 +161,23 @@ def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> Servin
     return ServingConfigs(long=long, short=short)
 
 
+def unreviewed_config_warning(key: KernelKey, fixed: KernelConfig | None) -> str | None:
+    """A startup warning when ``fixed`` (VLLM_FA4_VARIANT) is not one of the configs the
+    table picks for ``key``: it builds and the kernel tests run it, but the fuzz suite and
+    compute-sanitizer cover the table's picks only (docs/reliability.md). None otherwise."""
+    if fixed is None:
+        return None
+    picks = serving_configs(key).all
+    if fixed in picks:
+        return None
+    return (
+        f"FA4: {envs.VARIANT}={fixed.spec!r} serves every batch of {key} with a config the "
+        f"serving table does not pick for it ({' / '.join(c.spec for c in picks)}): the fuzz "
+        f"suite and compute-sanitizer have not covered it. For experiments; unset "
+        f"{envs.VARIANT} in production."
+    )
+
+
 def configured_config() -> KernelConfig | None:
     """The config ``VLLM_FA4_VARIANT`` fixes for every batch, or None (the table); a spec
     that does not parse is a startup error naming the variable."""
