@@ -172,6 +172,17 @@ def test_builder_declares_uniform_batch_graphs(vllm_config):
     assert support != AttentionCGSupport.NEVER
 
 
+def test_builder_never_takes_block_table_updates():
+    """vLLM reuses a builder's metadata for another KV-cache group through
+    ``update_block_table`` when ``supports_update_block_table`` is true (FLASH_ATTN's builder
+    sets it). Ours has nothing to update: each step's prefill plan (work tiles, page table,
+    config) is built from the group's own block table in ``build``, so reused metadata would
+    read another group's pages. The flag must stay false, whatever the base class says."""
+    from vllm_fa4.metadata import FA4MetadataBuilder
+
+    assert getattr(FA4MetadataBuilder, "supports_update_block_table", False) is False
+
+
 def _register_layers(vllm_config, features_by_name):
     """Attention layers in vLLM's forward context whose impls carry ``model_features``."""
     from types import SimpleNamespace
