@@ -12,7 +12,8 @@ repo).
   SDPA/flex reference stay upstream's; only the other backends are left out, for time
   (FlashInfer and compiled flex attention JIT-compile for minutes).
 - A test whose model config is not under the lane's root (the GPU machine is offline) is
-  skipped with a reason naming the missing config; nothing else is skipped here. Configurations
+  skipped with a reason naming the missing config, and a comparison left with none of the
+  lane's backends is skipped naming both lists (never a silent pass). Configurations
   FA4 does not support are turned away by vLLM's selector in the patched test itself.
 """
 
@@ -72,8 +73,10 @@ def _narrow(module, wanted: set[str]) -> None:
 
     def narrowed(batch_spec, model, backend_to_test, *args, **kwargs):
         chosen = [b for b in backend_to_test if _backend_name(b) in wanted]
-        if chosen:
-            inner(batch_spec, model, chosen, *args, **kwargs)
+        if not chosen:  # a skip, not a pass: nothing was compared
+            names = sorted(_backend_name(b) for b in backend_to_test)
+            pytest.skip(f"none of {names} is among the lane's backends {sorted(wanted)}")
+        inner(batch_spec, model, chosen, *args, **kwargs)
 
     narrowed.fa4_lane_inner = inner
     narrowed.fa4_lane_wanted = wanted
