@@ -15,7 +15,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu-check}"; mkdir -p "$OUT"
-export PYTHONPATH="/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
+source tools/kit_site.sh
+kit_site_check || exit 1
+export PYTHONPATH="$KIT_SITE:$KIT_SITE/nvidia_cutlass_dsl/dsl_packages:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 VLLM_FA4_CACHE_DIR="${VLLM_FA4_CACHE_DIR:-$HOME/.cache/vllm_fa4/kernels}"
 PY=python3
 VLLM="$PY -m vllm.entrypoints.cli.main"

@@ -6,10 +6,14 @@
 # signal (SIGUSR2 kills anything without the handler, e.g. a ninja build).
 #   OUT=/tmp/out DIAG_BACKEND=FLASH_ATTN bash tools/startup_stacks.sh
 set -u
-OUT="${OUT:-/tmp/gpu-check}"; mkdir -p "$OUT" /tmp/diag
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/gpu-check}"; mkdir -p "$OUT"
+source tools/kit_site.sh
+kit_site_check || exit 1
+DIAG=$(mktemp -d)  # private: a sitecustomize runs in every Python process started below
 printf 'import faulthandler, signal\nfaulthandler.register(signal.SIGUSR2, all_threads=True)\n' \
-  > /tmp/diag/sitecustomize.py
-export PYTHONPATH=/tmp/diag:/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD/tests
+  > "$DIAG/sitecustomize.py"
+export PYTHONPATH=$DIAG:$KIT_SITE:$KIT_SITE/nvidia_cutlass_dsl/dsl_packages:$PWD/tests
 export VLLM_FA4_CACHE_DIR="${VLLM_FA4_CACHE_DIR:-$HOME/.cache/vllm_fa4/kernels}"
 B=${DIAG_BACKEND:-FA4}; LOG=$OUT/diag-server-$B.log
 python3 -m vllm.entrypoints.cli.main serve configs/llama-3.1-8b --load-format dummy \
