@@ -182,11 +182,16 @@ def test_planning_is_fast():
     tiny = [(i % 7 + 1, 200 + i) for i in range(500)]
     _plan(big), _plan(tiny)  # warm up
     for specs, n_tiles in ((big, 4096 * 8), (tiny, 500 * 8)):
-        t0 = time.perf_counter()
-        plan = _plan(specs)
-        dt = time.perf_counter() - t0
+        # The best of 5: a busy CI machine (xdist workers on 2 cores) can stall any one run;
+        # what this guards against (work growing faster than the batch) slows every run.
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            plan = _plan(specs)
+            times.append(time.perf_counter() - t0)
         assert plan.num_tiles == n_tiles
-        assert dt < 0.05, f"planning {len(specs)} requests took {dt * 1e3:.1f} ms"
+        dt = min(times)
+        assert dt < 0.05, f"planning {len(specs)} requests took {dt * 1e3:.1f} ms (best of 5)"
 
 
 def test_validation_errors():
