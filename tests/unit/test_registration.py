@@ -1,5 +1,6 @@
 """The entry point, the enum member FA4, and how vLLM's own argument parsing sees it."""
 
+import logging
 import multiprocessing as mp
 import pickle
 import subprocess
@@ -34,12 +35,15 @@ def test_register_is_idempotent_and_adds_one_member():
     assert member.get_path() == "vllm_fa4.backend.FA4AttentionBackend"
 
 
-def test_register_never_raises(monkeypatch):
+def test_register_never_raises(monkeypatch, caplog):
     def broken():
         raise RuntimeError("registry moved")
 
     monkeypatch.setattr(vllm_fa4, "ensure_registered", broken)
-    vllm_fa4.register()  # logs a warning instead of taking vLLM down
+    with caplog.at_level(logging.WARNING, logger="vllm_fa4"):
+        vllm_fa4.register()  # logs a warning instead of taking vLLM down
+    (said,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "could not register the FA4 attention backend" in said and "registry moved" in said
 
 
 def test_unknown_backend_error_lists_fa4():
