@@ -22,6 +22,9 @@ Pass rules, per backend (the exit status is FA4's: 1 when FA4 breaks one):
   healthy after (/health 200, one more short request served, server process alive); no
   Traceback in the server log up to then; GPU memory flat (after the load minus after the
   warmup <= --memory-tolerance-mib on every GPU); prefix cache hits (cached prompt tokens > 0).
+Also measured, without a rule until runs calibrate one: the resident host memory of the
+server's process group (the API server and its engine cores, from /proc) after the warmup, at
+its peak during the load and after the drain.
 
     python3 benchmarks/soak.py                                # FA4, then FLASH_ATTN, 5 min each
     python3 benchmarks/soak.py --backends FA4 --minutes 30    # longer, one backend
@@ -850,6 +853,30 @@ def gpu_memory_mib() -> list[float] | None:
         return None
 
 
+def host_rss_mib(pgid: int) -> float | None:
+    """Resident host memory of every process in process group ``pgid`` (the server and its
+    engine-core children: ``serving.start_group`` starts a session), MiB; None without /proc."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    total, found = 0, False
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            # fields after "(comm)": state ppid pgrp ...; comm may hold spaces or parens
+            if int(stat[stat.rindex(")") + 2 :].split()[2]) != pgid:
+                continue
+            resident = int(Path(f"/proc/{entry}/statm").read_text().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile, or not ours to read
+        total, found = total + resident * page, True
+    return total / 2**20 if found else None
+
+
 def gpu_names() -> str:
     try:
         proc = subprocess.run(
@@ -919,9 +946,16 @@ async def _metrics(session, base_url: str) -> dict | None:
     return parse_metrics(text) if status == 200 else None
 
 
-async def soak_phases(args, mix: MixConfig, base_url: str, deadline: float | None) -> dict:
+async def soak_phases(
+    args, mix: MixConfig, base_url: str, deadline: float | None, pgid: int | None = None
+) -> dict:
     """Warmup, memory, load + drain, memory, health; `deadline` (time.monotonic) shortens the
-    load so that the drain and the checks after it still fit."""
+    load so that the drain and the checks after it still fit. ``pgid``: the server's process
+    group, whose host memory is read beside the GPU's."""
+
+    def rss():
+        return None if pgid is None else host_rss_mib(pgid)
+
     import aiohttp
 
     out: dict = {}
@@ -959,6 +993,7 @@ async def soak_phases(args, mix: MixConfig, base_url: str, deadline: float | Non
         }
         await asyncio.sleep(args.settle_s)
         out["mem_after_warmup"] = await asyncio.to_thread(gpu_memory_mib)
+        out["rss_after_warmup"] = rss()
         metrics_before = await _metrics(session, base_url)
 
         load_s = args.minutes * 60.0
@@ -974,6 +1009,7 @@ async def soak_phases(args, mix: MixConfig, base_url: str, deadline: float | Non
             met = await _metrics(session, base_url) or {}
             return {
                 "gpu_mib": mem,
+                "host_rss_mib": rss(),
                 "running": met.get("vllm:num_requests_running"),
                 "waiting": met.get("vllm:num_requests_waiting"),
                 "kv_cache_usage": met.get("vllm:kv_cache_usage_perc"),
@@ -994,6 +1030,7 @@ async def soak_phases(args, mix: MixConfig, base_url: str, deadline: float | Non
         )
         await asyncio.sleep(args.settle_s)
         out["mem_after"] = await asyncio.to_thread(gpu_memory_mib)
+        out["rss_after"] = rss()
         metrics_after = await _metrics(session, base_url)
         out["metrics_delta"] = metrics_delta(metrics_before, metrics_after)
 
@@ -1016,6 +1053,21 @@ async def soak_phases(args, mix: MixConfig, base_url: str, deadline: float | Non
             "probe": "ok" if rec.outcome == "completed" else (rec.error or str(rec.outcome)),
         }
     return out
+
+
+def host_memory(phases: dict, samples: list[dict]) -> dict:
+    """The server group's resident host memory (MiB) after the warmup, its peak during the
+    load and after the drain. Measured and reported, no pass rule yet: vLLM's host memory
+    has no calibrated tolerance (its first soak runs set one)."""
+    after_warmup, after = phases.get("rss_after_warmup"), phases.get("rss_after")
+    seen = [x["host_rss_mib"] for x in samples if x.get("host_rss_mib") is not None]
+    growth = None if after_warmup is None or after is None else after - after_warmup
+    return {
+        "after_warmup": after_warmup,
+        "peak_during_load": max(seen) if seen else None,
+        "after": after,
+        "growth_mib": growth,
+    }
 
 
 def run_backend(args, backend: str, mix: MixConfig, out_dir: Path) -> dict:
@@ -1049,7 +1101,7 @@ def run_backend(args, backend: str, mix: MixConfig, out_dir: Path) -> dict:
         log(f"[{backend}] healthy after {result['startup_s']:.0f} s")
         mem_healthy = gpu_memory_mib()
         base_url = f"http://127.0.0.1:{args.port}"
-        phases = asyncio.run(soak_phases(args, mix, base_url, deadline))
+        phases = asyncio.run(soak_phases(args, mix, base_url, deadline, pgid=proc.pid))
         load = phases["load"]
         records: list[Record] = load["records"]
         write_csv(out_dir / f"requests-{backend}.csv", [asdict(r) for r in records])
@@ -1077,6 +1129,7 @@ def run_backend(args, backend: str, mix: MixConfig, out_dir: Path) -> dict:
                     "after": phases["mem_after"],
                     "growth_mib": memory_growth(phases["mem_after_warmup"], phases["mem_after"]),
                 },
+                "host_memory": host_memory(phases, samples),
                 "prefix_cache": {
                     "queries": delta.get("vllm:prefix_cache_queries"),
                     "hits": delta.get("vllm:prefix_cache_hits"),
@@ -1132,6 +1185,7 @@ def summary_rows(res: dict) -> dict[str, str]:
         return {"verdict": "FAIL", "error": res["error"]}
     s, c = res["summary"], res["summary"]["counts"]
     t, tt, m = s["throughput"], s["ttft_ms"], res.get("memory") or {}
+    hm = res.get("host_memory") or {}
     pc, lg, h = res.get("prefix_cache") or {}, res.get("log") or {}, res.get("health_after") or {}
     hit = None
     if pc.get("queries"):
@@ -1168,6 +1222,9 @@ def summary_rows(res: dict) -> dict[str, str]:
         "preemptions": fmt_num(delta.get("vllm:num_preemptions")),
         "GPU MiB: after warmup -> peak -> after": f"{_mib(m.get('after_warmup'))} -> "
         f"{_mib(m.get('peak_during_load'))} -> {_mib(m.get('after'))}",
+        "host RSS MiB, server group: after warmup -> peak -> after (no rule yet)": " -> ".join(
+            fmt_num(hm.get(k)) for k in ("after_warmup", "peak_during_load", "after")
+        ),
         "health after (/health, probe)": f"{h.get('status')}, {h.get('probe')}",
         "Tracebacks (load / shutdown)": f"{lg.get('tracebacks')} / "
         f"{lg.get('tracebacks_at_shutdown', '—')}",

@@ -9,10 +9,13 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -380,6 +383,40 @@ def test_server_that_never_started_fails():
     assert soak.summary_rows(res)["verdict"] == "FAIL"
 
 
+def test_host_rss_sums_the_process_group():
+    """A child session with two processes: the group's RSS counts both (one holding ~64 MiB
+    more), and a group with no process reads as None."""
+    code = "import time; b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(30)"
+    lead = subprocess.Popen(
+        ["bash", "-c", f'{sys.executable} -c "{code}" & sleep 30'], start_new_session=True
+    )
+    try:
+        for _ in range(100):  # until the child has touched its pages
+            rss = soak.host_rss_mib(lead.pid)
+            if rss is not None and rss > 64:
+                break
+            time.sleep(0.05)
+        assert rss is not None and 64 < rss < 1024, rss
+    finally:
+        os.killpg(lead.pid, signal.SIGKILL)
+        lead.wait()
+    assert soak.host_rss_mib(2**22 + 12345) is None  # no such group
+
+
+def test_host_memory_is_reported_without_a_rule():
+    phases = {"rss_after_warmup": 900.0, "rss_after": 1000.0}
+    samples = [{"host_rss_mib": 950.0}, {"host_rss_mib": None}, {"host_rss_mib": 1100.0}]
+    assert soak.host_memory(phases, samples) == {
+        "after_warmup": 900.0,
+        "peak_during_load": 1100.0,
+        "after": 1000.0,
+        "growth_mib": 100.0,
+    }
+    assert soak.host_memory({}, [])["growth_mib"] is None
+    rules = {r["rule"] for r in soak.evaluate(_result(_records()))}
+    assert not any("host" in rule.lower() for rule in rules)
+
+
 def test_memory_growth_is_per_gpu():
     assert soak.memory_growth([100.0, 200.0], [150.0, 190.0]) == 50.0
     assert soak.memory_growth(None, [1.0]) is None and soak.memory_growth([1.0], [1.0, 2.0]) is None
@@ -648,6 +685,11 @@ def test_soak_main_with_a_fake_server_process(tmp_path, monkeypatch):
     assert base["health_after"] == {"status": 200, "probe": "ok", "process_alive": True}
     assert base["memory"]["growth_mib"] == 0.0 and base["prefix_cache"]["hits"] > 0
     assert base["summary"]["counts"]["cancelled"] > 0 and base["timeline"]
+    # the fake server's own process group, read from /proc: a Python process holds MiBs
+    host = base["host_memory"]
+    assert 5 < host["after_warmup"] < 4096 and host["peak_during_load"] >= 5
+    assert host["growth_mib"] == host["after"] - host["after_warmup"]
+    assert any(x.get("host_rss_mib") for x in base["timeline"])
     text = (tmp_path / "soak.md").read_text()
     assert "| FA4 | FLASH_ATTN | FA4 / FLASH_ATTN |" in text and "injected fault" in text
     for b in ("FA4", "FLASH_ATTN"):
