@@ -993,7 +993,7 @@ async def soak_phases(
         }
         await asyncio.sleep(args.settle_s)
         out["mem_after_warmup"] = await asyncio.to_thread(gpu_memory_mib)
-        out["rss_after_warmup"] = rss()
+        out["rss_after_warmup"] = await asyncio.to_thread(rss)
         metrics_before = await _metrics(session, base_url)
 
         load_s = args.minutes * 60.0
@@ -1009,7 +1009,7 @@ async def soak_phases(
             met = await _metrics(session, base_url) or {}
             return {
                 "gpu_mib": mem,
-                "host_rss_mib": rss(),
+                "host_rss_mib": await asyncio.to_thread(rss),
                 "running": met.get("vllm:num_requests_running"),
                 "waiting": met.get("vllm:num_requests_waiting"),
                 "kv_cache_usage": met.get("vllm:kv_cache_usage_perc"),
@@ -1030,7 +1030,7 @@ async def soak_phases(
         )
         await asyncio.sleep(args.settle_s)
         out["mem_after"] = await asyncio.to_thread(gpu_memory_mib)
-        out["rss_after"] = rss()
+        out["rss_after"] = await asyncio.to_thread(rss)
         metrics_after = await _metrics(session, base_url)
         out["metrics_delta"] = metrics_delta(metrics_before, metrics_after)
 

@@ -83,16 +83,23 @@ def main(argv=None) -> int:
     ap.add_argument("--lse", choices=("no", "yes", "both"), default="no")
     ap.add_argument("-j", type=int, default=8, help="compiles at once")
     args = ap.parse_args(argv)
-    todo = jobs(args)
-    print(f"{len(todo)} kernels, {args.j} at a time", flush=True)
+    build_all(jobs(args), args.j)
+    return 0
+
+
+def build_all(todo: list, workers: int) -> float:
+    """Compile every (key, config, has_lse) of ``todo`` into the disk cache, ``workers`` at
+    once, one line per kernel as it finishes; returns the wall time in seconds."""
+    print(f"{len(todo)} kernels, {workers} at a time", flush=True)
     t0 = time.perf_counter()
-    with ProcessPoolExecutor(args.j) as pool:
+    with ProcessPoolExecutor(workers) as pool:
         futures = {pool.submit(_build, *job): job for job in todo}
         for fut in as_completed(futures):
             key, config, has_lse = futures[fut]
             print(f"{fut.result():6.1f} s  {key} {config.spec} lse={has_lse}", flush=True)
-    print(f"done in {time.perf_counter() - t0:.0f} s", flush=True)
-    return 0
+    wall = time.perf_counter() - t0
+    print(f"done in {wall:.0f} s", flush=True)
+    return wall
 
 
 if __name__ == "__main__":

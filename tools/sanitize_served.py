@@ -237,29 +237,16 @@ def _cap_persistent_grid(ctas: int) -> None:
     launch._SM_COUNT[torch.device("cuda", torch.cuda.current_device())] = ctas
 
 
-def _compile_pair(key: KernelKey, config: KernelConfig) -> float:
-    """Compile one (key, config) into the disk cache (a worker process of ``precompile``)."""
-    from vllm_fa4.kernels.compile import compile_keys
-
-    t0 = time.perf_counter()
-    compile_keys([key], config, progress=False)
-    return time.perf_counter() - t0
-
-
 def precompile(fp8: bool | None, workers: int) -> int:
     """Fill the disk cache with every (key, config) of the set, ``workers`` compiles at once
-    (one process compiling them in turn takes about 6 minutes of a GPU session)."""
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    (tools/precompile.py's pool; one process compiling them in turn takes about 6 minutes of
+    a GPU session). The runs launch without LSE, as compile_keys builds them."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from precompile import build_all
 
-    todo = list(dict.fromkeys((key, config) for _, key, config, _ in pairs(fp8)))
-    print(f"{len(todo)} (key, config) pairs, {workers} compiles at once", flush=True)
-    t0 = time.perf_counter()
-    with ProcessPoolExecutor(workers) as pool:
-        futures = {pool.submit(_compile_pair, *pair): pair for pair in todo}
-        for done, fut in enumerate(as_completed(futures), 1):
-            key, config = futures[fut]
-            print(f"[{done}/{len(todo)}] {fut.result():5.1f} s  {key} {config.spec}", flush=True)
-    print(f"compiled {len(todo)} (key, config) pairs, 0 wrong, {time.perf_counter() - t0:.0f} s")
+    todo = list(dict.fromkeys((key, config, False) for _, key, config, _ in pairs(fp8)))
+    wall = build_all(todo, workers)
+    print(f"compiled {len(todo)} (key, config) pairs, 0 wrong, {wall:.0f} s")
     return 0
 
 
