@@ -87,3 +87,33 @@ def test_only_the_turned_block_steps_take_turns():
             assert config.block_step is BlockStep(step)
             assert config.turns == (mma_wgs if turned else 0), config.spec
             assert KernelConfig.parse(config.spec) == config
+
+
+def test_block_n_spelling_geometry_and_limits():
+    """block_n=80 (five 16-token pages at head dim 256): spelled and read back, the tile
+    geometry and the TMA box follow it, and keys whose pages it would split are refused."""
+    config = KernelConfig.parse("queue+overlap_free+lazy_max+block_n=80")
+    assert config.block_n == 80 and KernelConfig.parse(config.spec) == config
+    gemma = KernelKey.for_layer("bfloat16", 256, 16, 16, 8, softcap=True)
+    assert config.unsupported_reason(gemma) is None
+    assert config.geometry(gemma).tile_n == 80 and config.box_n(gemma) == 16
+    assert KernelConfig.parse("queue+overlap").geometry(gemma).tile_n == 64
+    for page in (32, 64, 128):  # 80 keys would split a page
+        assert "whole pages" in config.unsupported_reason(dataclasses.replace(gemma, page_size=page))
+    fp8 = KernelKey.for_layer("bfloat16", 256, 16, 16, 8, kv_dtype="float8_e4m3fn")
+    assert "shared memory" in config.unsupported_reason(fp8)  # no room for the staging ring
+    assert "multiple of 16" in KernelConfig.parse("queue+block_n=72").unsupported_reason(gemma)
+
+
+def test_serving_configs_must_share_the_n_tile():
+    """The plan tiles once for both picks, so they must agree on block_n as on mma_wgs."""
+    import pytest
+
+    from vllm_fa4.paged_prefill.policy import ServingConfigs
+
+    long = KernelConfig.parse("queue+overlap_free+lazy_max+block_n=80")
+    with pytest.raises(ValueError, match="block_n"):
+        ServingConfigs(long=long, short=KernelConfig.parse("queue+overlap"))
+    gemma = KernelKey.for_layer("bfloat16", 256, 16, 16, 8)
+    both = ServingConfigs(long=long, short=KernelConfig.parse("queue+overlap+block_n=80"))
+    assert both.geometry(gemma).tile_n == 80

@@ -157,11 +157,14 @@ class TileGeometry:
     tokens_per_tile: int  # query tokens per M tile: the GQA heads of a token sit in adjacent rows
 
 
-def tile_geometry(key: KernelKey, mma_wgs: int = 2) -> TileGeometry:
-    """The tile sizes of ``key`` built with ``mma_wgs`` consumer warpgroups (64 rows each).
-    tile_n is a multiple of every supported page size up to 64 and divides 128, so a K/V tile
-    is a whole number of pages or a whole fraction of one."""
-    tile_m, tile_n = 64 * mma_wgs, (64 if key.head_dim == 256 else 128)
+def tile_geometry(key: KernelKey, mma_wgs: int = 2, block_n: int = 0) -> TileGeometry:
+    """The tile sizes of ``key`` built with ``mma_wgs`` consumer warpgroups (64 rows each) and
+    ``block_n`` keys a K/V tile (0: the key's default, 128, or 64 at head dim 256). The default
+    is a multiple of every supported page size up to 64 and divides 128, so a K/V tile is a
+    whole number of pages or a whole fraction of one; another ``block_n`` must keep that for
+    its key's page size (``KernelConfig.unsupported_reason``)."""
+    tile_m = 64 * mma_wgs
+    tile_n = block_n or (64 if key.head_dim == 256 else 128)
     return TileGeometry(tile_m, tile_n, tile_m // max(key.qhead_per_kvhead, 1))
 
 
@@ -275,6 +278,10 @@ class KernelConfig:
     # dim 64: there a block's GEMMs take as long as its exponentials, so two warpgroups
     # cannot hide one's softmax under the other's GEMMs; a third keeps the tensor pipe fed.
     mma_wgs: int = 2
+    # Keys a K/V tile (0: the key's default, tile_geometry). 80 at head dim 256 and page 16:
+    # five pages a block, FA3's block there; Q K^T's m64n64k16 wgmmas read 128 B of shared
+    # memory a clock, m64n80k16 112 (docs/perf-notes.md, 2026-11-27 session 8). Unmeasured.
+    block_n: int = 0
     # Test-only instrumentation, never spelled (so no environment can select it): a consumer
     # thread adds 1 to its tile's cost column of work_tiles after the tile's epilogue, so a
     # test can check each tile ran exactly once (tests/gpu/test_tile_scheduler.py).
@@ -290,7 +297,7 @@ class KernelConfig:
             if not token:
                 continue
             name, eq, number = token.partition("=")
-            if name == "mma_wgs" and eq:
+            if name in ("mma_wgs", "block_n") and eq:
                 field, value = name, _int_value(name, number, token)
             elif token in ("v_warp", "lazy_max"):
                 field, value = token, True
@@ -310,7 +317,7 @@ class KernelConfig:
     @classmethod
     def spellings(cls) -> str:
         values = [member.value for axis in AXES for member in axis]
-        return ", ".join([*values, "v_warp", "lazy_max", "mma_wgs=N"])
+        return ", ".join([*values, "v_warp", "lazy_max", "mma_wgs=N", "block_n=N"])
 
     @property
     def spec(self) -> str:
@@ -323,7 +330,13 @@ class KernelConfig:
                 parts.append(name if value is True else value.value)
         if self.mma_wgs != default.mma_wgs:
             parts.append(f"mma_wgs={self.mma_wgs}")
+        if self.block_n != default.block_n:
+            parts.append(f"block_n={self.block_n}")
         return "+".join(parts)
+
+    def geometry(self, key: KernelKey) -> TileGeometry:
+        """The tile sizes this config builds ``key``'s kernel with."""
+        return tile_geometry(key, self.mma_wgs, self.block_n)
 
     def unsupported_reason(self, key: KernelKey) -> str | None:
         """Why this config cannot build ``key``'s kernel, or None."""
@@ -344,6 +357,10 @@ class KernelConfig:
             # block loop spills (128-key blocks) or runs 3-17 % slower (64-key blocks,
             # measured 2026-11-24, docs/perf-notes.md).
             return f"mma_wgs=3 at head dim {key.head_dim} (supported at head dim 64 only)"
+        if self.block_n:
+            reason = self._block_n_unsupported_reason(key)
+            if reason is not None:
+                return reason
         if key.fp8_kv:
             reason = self._fp8_unsupported_reason()
             if reason is not None:
@@ -360,6 +377,18 @@ class KernelConfig:
             )
         return None
 
+    def _block_n_unsupported_reason(self, key: KernelKey) -> str | None:
+        """A K/V tile of ``block_n`` keys: whole pages (or a whole fraction of one), whole
+        k-steps of P V (16 keys), within one wgmma's N (256)."""
+        n, page = self.block_n, key.page_size
+        if n % 16 or not 16 <= n <= 256:
+            return f"block_n={n} (a multiple of 16 from 16 to 256)"
+        if n % page and page % n:
+            return f"block_n={n} at page {page} (a tile must be whole pages or divide a page)"
+        if self.kv_box is KvBox.WIDE:
+            return f"block_n={n} with 'wide_box' (its boxes are laid out for the default tile)"
+        return None
+
     def _fp8_unsupported_reason(self) -> str | None:
         """What an fp8 cache's kernel (fp8_kv.py) is not built for yet."""
         if self.kv_box is KvBox.WIDE:
@@ -372,7 +401,7 @@ class KernelConfig:
 
     def _smem_bytes(self, key: KernelKey, staging_stages: int) -> int:
         """Q's stages and the K/V stages (16-bit), plus the fp8 staging ring (1 byte each)."""
-        geo = tile_geometry(key, self.mma_wgs)
+        geo = self.geometry(key)
         kv_tile = geo.tile_n * key.head_dim  # elements of one K or V tile
         return 2 * (self.q_stages * geo.tile_m * key.head_dim + 2 * kv_tile * KV_STAGES) + (
             2 * kv_tile * staging_stages
@@ -407,7 +436,7 @@ class KernelConfig:
 
     def box_n(self, key: KernelKey) -> int:
         """Rows per K/V TMA box: one page, or a tile-sized slice of a larger page."""
-        return min(key.page_size, tile_geometry(key).tile_n)
+        return min(key.page_size, self.geometry(key).tile_n)
 
     # Reading pages a block ahead keeps two blocks' pages and the next read live across the
     # acquires: at 24 registers the producer's block loop spills (2 per block at page 16), so

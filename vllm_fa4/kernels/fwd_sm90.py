@@ -48,7 +48,6 @@ from vllm_fa4.kernels.config import (
     PageRead,
     QLoad,
     Tiles,
-    tile_geometry,
 )
 from vllm_fa4.kernels.epilogue import write_output
 from vllm_fa4.kernels.fp8_kv import Converter, KvStaging, convert_block, converter_warps
@@ -227,7 +226,7 @@ class Sm90PagedPrefill:
         self.dtype = CUTLASS_DTYPES[key.dtype]
         self.head_dim = key.head_dim
         self.qhead_per_kvhead = key.qhead_per_kvhead
-        geometry = tile_geometry(key, cfg.mma_wgs)
+        geometry = cfg.geometry(key)
         self.tile_m = geometry.tile_m
         self.tile_n = geometry.tile_n
         self.tokens_per_tile = geometry.tokens_per_tile

@@ -19,7 +19,6 @@ from vllm_fa4.kernels.config import (
     KernelConfig,
     KernelKey,
     TileGeometry,
-    tile_geometry,
 )
 
 LONG_BATCH_MIN_PAGE = 128  # pages this large run a different config for long batches
@@ -125,15 +124,16 @@ class ServingConfigs:
 
     def __post_init__(self):
         # The plan tiles the batch before it picks, so both must tile the same way.
-        if self.long.mma_wgs != self.short.mma_wgs:
-            raise ValueError(
-                f"serving configs {self.long.spec!r} and {self.short.spec!r} differ in "
-                "mma_wgs (the M tile): one plan cannot serve both"
-            )
+        for axis in ("mma_wgs", "block_n"):  # the M tile, the N tile
+            if getattr(self.long, axis) != getattr(self.short, axis):
+                raise ValueError(
+                    f"serving configs {self.long.spec!r} and {self.short.spec!r} differ in "
+                    f"{axis} (the tiles): one plan cannot serve both"
+                )
 
     def geometry(self, key: KernelKey) -> TileGeometry:
         """The tile geometry every config here runs ``key`` with."""
-        return tile_geometry(key, self.long.mma_wgs)
+        return self.long.geometry(key)
 
     def pick(self, num_tiles: int, total_work: int) -> KernelConfig:
         """The config of a batch of ``num_tiles`` tiles visiting ``total_work`` K/V tiles."""
