@@ -9,6 +9,8 @@ import importlib.util
 import itertools
 from pathlib import Path
 
+import pytest
+
 from vllm_fa4.kernels.config import (
     SUPPORTED_DTYPES,
     SUPPORTED_HEAD_DIMS,
@@ -19,7 +21,7 @@ from vllm_fa4.kernels.config import (
     KernelKey,
     KvBox,
 )
-from vllm_fa4.paged_prefill.policy import serving_configs
+from vllm_fa4.paged_prefill.policy import ServingConfigs, serving_configs
 from vllm_fa4.testing.variants import representative_keys, served_configs
 
 SCHEDULER_TEST = Path(__file__).resolve().parents[1] / "gpu" / "test_tile_scheduler.py"
@@ -99,7 +101,8 @@ def test_block_n_spelling_geometry_and_limits():
     assert config.geometry(gemma).tile_n == 80 and config.box_n(gemma) == 16
     assert KernelConfig.parse("queue+overlap").geometry(gemma).tile_n == 64
     for page in (32, 64, 128):  # 80 keys would split a page
-        assert "whole pages" in config.unsupported_reason(dataclasses.replace(gemma, page_size=page))
+        paged = dataclasses.replace(gemma, page_size=page)
+        assert "whole pages" in config.unsupported_reason(paged)
     fp8 = KernelKey.for_layer("bfloat16", 256, 16, 16, 8, kv_dtype="float8_e4m3fn")
     assert "shared memory" in config.unsupported_reason(fp8)  # no room for the staging ring
     assert "multiple of 16" in KernelConfig.parse("queue+block_n=72").unsupported_reason(gemma)
@@ -107,10 +110,6 @@ def test_block_n_spelling_geometry_and_limits():
 
 def test_serving_configs_must_share_the_n_tile():
     """The plan tiles once for both picks, so they must agree on block_n as on mma_wgs."""
-    import pytest
-
-    from vllm_fa4.paged_prefill.policy import ServingConfigs
-
     long = KernelConfig.parse("queue+overlap_free+lazy_max+block_n=80")
     with pytest.raises(ValueError, match="block_n"):
         ServingConfigs(long=long, short=KernelConfig.parse("queue+overlap"))
