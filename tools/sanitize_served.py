@@ -97,6 +97,9 @@ SHAPES = (
     Shape("bfloat16", 64, 16, 64, 8, sinks=True),  # gpt-oss global layers
     Shape("bfloat16", 256, 16, 16, 8, window=4095, softcap=50.0),  # Gemma 2 local layers
     Shape("bfloat16", 256, 16, 16, 8, softcap=50.0),  # Gemma 2 global layers at page 16
+    # Head dim 256 at page 16 without a cap: the table's long pick (the capped key's long
+    # batches take 80-key blocks, policy.LONG_BY_PAGE).
+    Shape("bfloat16", 256, 16, 16, 8),
     Shape("bfloat16", 256, 128, 16, 8, softcap=50.0),  # Gemma 2 global layers
     # Windows at page 128 (--block-size 128): rows of their own in policy.TABLE.
     Shape("bfloat16", 64, 128, 64, 8, window=127, sinks=True),

@@ -108,6 +108,28 @@ def test_serving_configs_must_share_the_m_tile():
     ) == TileGeometry(192, 128, 48)
 
 
+def test_a_short_pick_with_another_n_tile_is_tiled_again():
+    """Configs may differ in block_n: the plan picks with the long config's tiles, and a
+    short pick's work list is built again with its own N tile (costs and LPT order)."""
+    from vllm_fa4.paged_prefill.plan import build_work_tiles
+
+    long = KernelConfig.parse("queue+overlap_free+lazy_max+block_n=80")
+    short = KernelConfig.parse("queue+overlap")
+    configs = ServingConfigs(long=long, short=short)
+    hq, hkv = 16, 8
+    for specs, config, tile_n in (
+        ([(4096, 4096)] * 2, long, 80),
+        ([(512, 512)] * 8, short, 64),
+    ):
+        plan = _plan(specs, hq, hkv, 256, config=configs, l2_section_bytes=None)
+        assert plan.config == config and plan.geometry.tile_n == tile_n
+        q = np.array([s[0] for s in specs])
+        k = np.array([s[1] for s in specs])
+        want = build_work_tiles(q, k, hkv, plan.geometry.tokens_per_tile, tile_n)
+        assert np.array_equal(plan.work_tiles_cpu.numpy(), want)
+        assert plan.total_work == int(want[:, 3].sum())
+
+
 def test_chunk_after_long_context_ranks_before_fresh_prefill():
     plan = _plan([(2048, 2048), (2048, 16384 + 2048)])
     rows = plan.work_tiles_cpu.tolist()

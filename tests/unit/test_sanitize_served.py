@@ -129,3 +129,14 @@ def test_every_policy_row_has_a_shape(fp8):
         (s.head_dim, s.window is not None, s.page >= LONG_BATCH_MIN_PAGE) for s in tool.shapes(fp8)
     }
     assert sorted(set(table) - rows) == []
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_every_served_config_runs_under_the_sanitizers(fp8):
+    """Every config serving picks (testing.variants.served_configs, LONG_BY_PAGE's rows
+    included) runs at its head dim in the sanitizer's set, packed."""
+    from vllm_fa4.testing.variants import served_configs
+
+    served = {(k.head_dim, c) for k, c in served_configs() if k.fp8_kv == fp8}
+    ran = {(k.head_dim, c) for _, k, c, padded in tool.pairs(fp8) if not padded}
+    assert sorted((d, c.spec) for d, c in served - ran) == []

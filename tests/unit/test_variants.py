@@ -9,8 +9,6 @@ import importlib.util
 import itertools
 from pathlib import Path
 
-import pytest
-
 from vllm_fa4.kernels.config import (
     SUPPORTED_DTYPES,
     SUPPORTED_HEAD_DIMS,
@@ -21,7 +19,7 @@ from vllm_fa4.kernels.config import (
     KernelKey,
     KvBox,
 )
-from vllm_fa4.paged_prefill.policy import ServingConfigs, serving_configs
+from vllm_fa4.paged_prefill.policy import serving_configs
 from vllm_fa4.testing.variants import representative_keys, served_configs
 
 SCHEDULER_TEST = Path(__file__).resolve().parents[1] / "gpu" / "test_tile_scheduler.py"
@@ -108,11 +106,24 @@ def test_block_n_spelling_geometry_and_limits():
     assert "multiple of 16" in KernelConfig.parse("queue+block_n=72").unsupported_reason(gemma)
 
 
-def test_serving_configs_must_share_the_n_tile():
-    """The plan tiles once for both picks, so they must agree on block_n as on mma_wgs."""
-    long = KernelConfig.parse("queue+overlap_free+lazy_max+block_n=80")
-    with pytest.raises(ValueError, match="block_n"):
-        ServingConfigs(long=long, short=KernelConfig.parse("queue+overlap"))
-    gemma = KernelKey.for_layer("bfloat16", 256, 16, 16, 8)
-    both = ServingConfigs(long=long, short=KernelConfig.parse("queue+overlap+block_n=80"))
-    assert both.geometry(gemma).tile_n == 80
+def test_block_n_80_is_the_long_pick_of_gemma_2s_global_page_16_key_only():
+    """LONG_BY_PAGE: 80-key blocks for long batches of head dim 256 with a soft cap, no window,
+    page 16, 16-bit caches; short batches, other pages, no cap, a window and FP8 keep the
+    table's row."""
+    bn80 = KernelConfig.parse("queue+overlap_free+lazy_max+block_n=80")
+    gemma = KernelKey.for_layer("bfloat16", 256, 16, 16, 8, softcap=True)
+    picks = serving_configs(gemma)
+    assert picks.long == bn80 and picks.short.block_n == 0
+    assert picks.geometry(gemma).tile_n == 80  # the plan picks with the long config's tiles
+    for other in (
+        dataclasses.replace(gemma, softcap=False),
+        dataclasses.replace(gemma, page_size=32),
+        dataclasses.replace(gemma, page_size=128),
+        dataclasses.replace(gemma, sliding_window=True),
+        KernelKey.for_layer("bfloat16", 256, 16, 16, 8, softcap=True, kv_dtype="float8_e4m3fn"),
+        KernelKey.for_layer("float16", 128, 16, 32, 8, softcap=True),
+    ):
+        assert all(c.block_n == 0 for c in serving_configs(other).all), other
+    for dtype in ("bfloat16", "float16"):
+        key = dataclasses.replace(gemma, dtype=dtype)
+        assert serving_configs(key).long == bn80 and bn80.unsupported_reason(key) is None

@@ -16,6 +16,7 @@ n_block_min = 0). Rows are sorted by cost, longest first (LPT), across requests;
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -251,18 +252,23 @@ def plan_prefill(
         raise ValueError(
             f"GQA group size {key.qhead_per_kvhead} exceeds the M tile ({geometry.tile_m} rows)"
         )
-    tiles = build_work_tiles(
+    tile = partial(
+        build_work_tiles,
         q_lens,
         k_lens,
         num_kv_heads,
-        geometry.tokens_per_tile,
-        geometry.tile_n,
         kv_bytes_per_token=kv_bytes_per_token(key),
         l2_section_bytes=l2_section_bytes,
         window_left=window_left,
     )
+    tiles = tile(geometry.tokens_per_tile, geometry.tile_n)
     num_tiles = tiles.shape[0]
     total_work = int(tiles[:, 3].sum()) if num_tiles else 0
+    config = configs.pick(num_tiles, total_work)
+    if config.geometry(key) != geometry:  # a short pick with its own N tile: its costs, order
+        geometry = config.geometry(key)
+        tiles = tile(geometry.tokens_per_tile, geometry.tile_n)
+        total_work = int(tiles[:, 3].sum()) if num_tiles else 0
     tiles32 = torch.from_numpy(tiles.astype(np.int32))
     if device.type == "cuda":
         # Pinned staging so the one host->device copy is truly async; the caching host
@@ -276,7 +282,7 @@ def plan_prefill(
 
     return PrefillPlan(
         key=key,
-        config=configs.pick(num_tiles, total_work),
+        config=config,
         route=select_route(key, configs, device) if route is None else route,
         args=LaunchArgs(cu_seqlens_q, seqused_k, page_table, work_tiles),
         query_start_loc_cpu=query_start_loc_cpu,

@@ -2,7 +2,8 @@
 
 One table maps what of a key decides the config (head dim, sliding window, page size of 128 or
 more) to the config of long batches and the config of short ones; the plan picks between the
-two per batch (``ServingConfigs.pick``). The comment above each group of rows names the
+two per batch (``ServingConfigs.pick``); ``LONG_BY_PAGE`` replaces a row's long config for one
+page size and soft cap. The comment above each group of rows names the
 measurement that decided it (docs/perf-notes.md, H100 and H200, one process each). A key
 the kernel cannot build gets the default config (its route is the reference or a startup
 refusal; the plan still tiles it). ``VLLM_FA4_VARIANT`` fixes one config for every batch
@@ -111,6 +112,18 @@ FP8_TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     (256, False, False): ("queue+overlap+lazy_max", "queue+overlap"),
 }
 
+# Long-batch picks for one page size and soft cap, over the table's row (16-bit caches only).
+# (head dim, sliding window, page size, soft cap) -> long batches' config.
+# Head dim 256 with a soft cap (Gemma 2's global layers) at page 16: 80-key blocks, five pages
+# a block, where Q K^T's 64-key wgmmas wait on shared memory (2026-11-27, session 9, H100,
+# cap 50, 4k-16k and 2k after 64k: +3.6 to +7.2 %). Without the cap -3.4 to +1.2 % and short
+# batches -3 to -4 %, so only this row, long batches only; the plan tiles a short batch again
+# with its own 64-key blocks (plan.py). 80 keys divide no larger page; the FP8 kernel's
+# staging does not fit shared memory beside them.
+LONG_BY_PAGE: dict[tuple[int, bool, int, bool], str] = {
+    (256, False, 16, True): "queue+overlap_free+lazy_max+block_n=80",
+}
+
 
 @dataclass(frozen=True)
 class ServingConfigs:
@@ -123,16 +136,17 @@ class ServingConfigs:
     short_max_blocks: int = SHORT_BATCH_MAX_BLOCKS
 
     def __post_init__(self):
-        # The plan tiles the batch before it picks, so both must tile the same way.
-        for axis in ("mma_wgs", "block_n"):  # the M tile, the N tile
-            if getattr(self.long, axis) != getattr(self.short, axis):
-                raise ValueError(
-                    f"serving configs {self.long.spec!r} and {self.short.spec!r} differ in "
-                    f"{axis} (the tiles): one plan cannot serve both"
-                )
+        # The plan tiles the batch with the long config's M tile to pick, so both share it
+        # (a short pick with another N tile is tiled again, plan.py).
+        if self.long.mma_wgs != self.short.mma_wgs:
+            raise ValueError(
+                f"serving configs {self.long.spec!r} and {self.short.spec!r} differ in "
+                "mma_wgs (the M tile): one plan cannot serve both"
+            )
 
     def geometry(self, key: KernelKey) -> TileGeometry:
-        """The tile geometry every config here runs ``key`` with."""
+        """The tile geometry the plan picks with: the long config's. The short config has
+        the same M tile (so the same number of work tiles) and may have another N tile."""
         return self.long.geometry(key)
 
     def pick(self, num_tiles: int, total_work: int) -> KernelConfig:
@@ -148,6 +162,7 @@ class ServingConfigs:
 
 _PARSED = {row: tuple(map(KernelConfig.parse, specs)) for row, specs in TABLE.items()}
 _PARSED_FP8 = {row: tuple(map(KernelConfig.parse, specs)) for row, specs in FP8_TABLE.items()}
+_PARSED_BY_PAGE = {row: KernelConfig.parse(spec) for row, spec in LONG_BY_PAGE.items()}
 
 
 def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> ServingConfigs:
@@ -158,6 +173,9 @@ def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> Servin
     row = (key.head_dim, key.sliding_window, key.page_size >= LONG_BATCH_MIN_PAGE)
     table = _PARSED_FP8 if key.fp8_kv else _PARSED
     long, short = table.get(row, (DEFAULT_CONFIG, DEFAULT_CONFIG))
+    if not key.fp8_kv:
+        by_page = (key.head_dim, key.sliding_window, key.page_size, key.softcap)
+        long = _PARSED_BY_PAGE.get(by_page, long)
     return ServingConfigs(long=long, short=short)
 
 

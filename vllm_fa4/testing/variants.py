@@ -12,7 +12,12 @@ import re
 
 from vllm_fa4 import envs
 from vllm_fa4.kernels.config import FP8_E4M3, SUPPORTED_HEAD_DIMS, KernelConfig, KernelKey
-from vllm_fa4.paged_prefill.policy import LONG_BATCH_MIN_PAGE, configured_config, serving_configs
+from vllm_fa4.paged_prefill.policy import (
+    LONG_BATCH_MIN_PAGE,
+    LONG_BY_PAGE,
+    configured_config,
+    serving_configs,
+)
 
 ALL_CONFIGS = tuple(
     KernelConfig.parse(s)
@@ -80,14 +85,20 @@ def sweep_configs() -> tuple[KernelConfig | None, ...]:
 def representative_keys() -> tuple[KernelKey, ...]:
     """Keys whose serving configs are every config serving can pick (a unit test walks every
     supported key): each head dim at page 16 and at LONG_BATCH_MIN_PAGE, with and without a
-    window, with a 16-bit and an FP8 cache (the picks depend on nothing else)."""
-    return tuple(
+    window, with a 16-bit and an FP8 cache, and one key per row of LONG_BY_PAGE (a page size
+    and soft cap of its own; the picks depend on nothing else)."""
+    table_rows = tuple(
         KernelKey("bfloat16", head_dim, page, 4, sliding_window=window, kv_dtype=kv)
         for kv in (None, FP8_E4M3)
         for head_dim in SUPPORTED_HEAD_DIMS
         for page in (16, LONG_BATCH_MIN_PAGE)
         for window in (False, True)
     )
+    by_page = tuple(
+        KernelKey("bfloat16", head_dim, page, 4, sliding_window=window, softcap=softcap)
+        for head_dim, window, page, softcap in LONG_BY_PAGE
+    )
+    return table_rows + by_page
 
 
 def served_configs() -> tuple[tuple[KernelKey, KernelConfig], ...]:
