@@ -726,6 +726,10 @@ def fuzz_ctx(tmp_path_factory, request):
 def test_fuzz(config, batch, fuzz_ctx, request):
     if _state["dead"] is not None:
         pytest.skip(f"{_CONTEXT_LOST} at {_state['dead']}; replay that batch in a fresh process")
+    if batch.level == "prefill" and not batch.prefills:
+        # Nothing reaches the kernel or FA3; such a batch used to count as passed (260 of
+        # 8,000 in one run of 2026-11-27 that could not import the kernel at all).
+        pytest.skip("a prefill-level batch without prefill requests: nothing to run")
     started = time.perf_counter()
     failure, stats = _attempt(batch, config, fuzz_ctx)
     stats.update(
