@@ -7,6 +7,9 @@ VLLM_FA4_PREFILL_ROUTE  ``auto`` / ``kernel`` / ``reference`` (``paged_prefill.r
 VLLM_FA4_CACHE_DIR      compiled-kernel disk cache (``kernels.cache``; default
                         ``~/.cache/vllm_fa4/kernels``); must be a directory only this user
                         (or root) can write, else kernels are compiled in memory
+VLLM_FA4_CACHE_MAX_AGE_DAYS  kernel cache entries not loaded or written for this many days
+                        are removed at a process's first use of the cache; default 30, 0 keeps
+                        every entry
 VLLM_FA4_TEST_VARIANTS  config specs, or ``all``, that GPU tests and variant benchmarks sweep
                         (``testing.variants``)
 VLLM_FA4_FUZZ_COUNT     batches per kernel config in the fuzz suite (``tests/gpu/test_fuzz.py``,
@@ -27,6 +30,8 @@ from pathlib import Path
 VARIANT = "VLLM_FA4_VARIANT"
 PREFILL_ROUTE = "VLLM_FA4_PREFILL_ROUTE"
 CACHE_DIR = "VLLM_FA4_CACHE_DIR"
+CACHE_MAX_AGE_DAYS = "VLLM_FA4_CACHE_MAX_AGE_DAYS"
+DEFAULT_CACHE_MAX_AGE_DAYS = 30
 TEST_VARIANTS = "VLLM_FA4_TEST_VARIANTS"
 FUZZ_COUNT = "VLLM_FA4_FUZZ_COUNT"
 FUZZ_SEED = "VLLM_FA4_FUZZ_SEED"
@@ -75,6 +80,10 @@ def _int_env(name: str, default: int, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"{name}={value}: must be >= {minimum}")
     return value
+
+
+def cache_max_age_days() -> int:
+    return _int_env(CACHE_MAX_AGE_DAYS, DEFAULT_CACHE_MAX_AGE_DAYS, 0)
 
 
 def fuzz_count() -> int:

@@ -668,3 +668,75 @@ def test_cutlass_ir_cache_is_kept_out_of_tmp(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == [str(cache / "cute_dsl")]
     assert list(tmpdir.iterdir()) == []
+
+
+# ---- growth: stale entries of other sources pruned ----------------------------------------
+
+
+def _age(cache_dir: Path, stem: str, days: float) -> None:
+    when = time.time() - days * 86400
+    for path in cache_dir.glob(f"{stem}.*"):
+        os.utime(path, (when, when), follow_symlinks=False)
+
+
+def _stems(cache_dir: Path) -> set[str]:
+    return {p.name.rpartition(".")[0] for p in cache_dir.iterdir() if p.is_file()}
+
+
+def _entry_of_other_sources(tmp_path, cache_dir: Path, entry) -> str:
+    """``entry`` written by a cache whose kernel sources differ (an older release)."""
+    old, _ = fake_cache(tmp_path, tag="old")
+    old._fingerprint = "0" * 64
+    old.get(entry)
+    return old.entry_name(entry)
+
+
+def test_stale_entries_of_other_sources_are_pruned_at_first_use(cache_dir, tmp_path, caplog):
+    """Entries of other kernel sources unused for VLLM_FA4_CACHE_MAX_AGE_DAYS go, lock files
+    included; this release's entries stay at any age (a restart after a long run must not
+    recompile), as do young ones of other sources and a stale one whose lock is held."""
+    stale = _entry_of_other_sources(tmp_path, cache_dir, ENTRIES[0])
+    young = _entry_of_other_sources(tmp_path, cache_dir, ENTRIES[1])
+    held = _entry_of_other_sources(tmp_path, cache_dir, ENTRIES[2])
+    mine, _ = fake_cache(tmp_path)
+    mine.get(ENTRIES[0])
+    own = mine.entry_name(ENTRIES[0])
+    for stem, days in ((stale, 31), (young, 29), (held, 90), (own, 400)):
+        _age(cache_dir, stem, days)
+    lock = os.open(cache_dir / f"{held}.lock", os.O_RDWR)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # another process using that entry now
+    try:
+        caplog.set_level(logging.INFO, logger="vllm_fa4")
+        second, compiler = fake_cache(tmp_path, tag="second")
+        compiled_before = len(compiler.compiles())
+        assert second.get(ENTRIES[0]) == FakeKernel(repr(ENTRIES[0]), source="loaded")
+    finally:
+        os.close(lock)
+    assert _stems(cache_dir) == {young, held, own}
+    assert len(compiler.compiles()) == compiled_before and warnings_of(caplog) == []
+    assert any("removed 1 kernel cache entries" in r.getMessage() for r in caplog.records)
+    assert (cache_dir / f"{own}.o").stat().st_mtime > time.time() - 60  # the load refreshed it
+
+
+def test_max_age_zero_keeps_every_entry_and_others_files_are_never_removed(
+    cache_dir, tmp_path, monkeypatch
+):
+    stale = _entry_of_other_sources(tmp_path, cache_dir, ENTRIES[0])
+    _age(cache_dir, stale, 365)
+    (cache_dir / "notes.txt").write_text("not ours to judge")
+    link = cache_dir / "planted.o"
+    link.symlink_to(cache_dir / f"{stale}.o")
+    os.utime(link, (0, 0), follow_symlinks=False)
+    monkeypatch.setenv(envs.CACHE_MAX_AGE_DAYS, "0")
+    fake_cache(tmp_path)[0].get(ENTRIES[1])
+    assert stale in _stems(cache_dir)
+    monkeypatch.delenv(envs.CACHE_MAX_AGE_DAYS)
+    fake_cache(tmp_path)[0].get(ENTRIES[1])
+    assert stale not in _stems(cache_dir)
+    assert link.is_symlink() and (cache_dir / "notes.txt").exists()  # not regular / not ours
+
+
+def test_bad_max_age_is_an_error_naming_the_variable(monkeypatch):
+    monkeypatch.setenv(envs.CACHE_MAX_AGE_DAYS, "-1")
+    with pytest.raises(ValueError, match=envs.CACHE_MAX_AGE_DAYS):
+        envs.cache_max_age_days()

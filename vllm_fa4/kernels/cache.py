@@ -14,6 +14,13 @@ cache threat model"):
   bytes, which are what the loader links (through a memfd, never the path again);
 - writes are made in a private 0700 directory inside the cache and renamed into place.
 
+Growth: every change of the kernel sources (a new release) writes a new set of entries, so at
+a process's first use of the directory the entries of other sources or versions that no
+process has loaded or written for ``VLLM_FA4_CACHE_MAX_AGE_DAYS`` (default 30; a load
+refreshes the ``.o``'s mtime) are removed with their lock files: only regular files of ours,
+never one whose lock another process holds, never one of this process's fingerprint
+(``prune_stale``).
+
 Faults and what they cost (tests/unit/test_cache.py):
 
 - processes that want the same entry at once (TP ranks) take a file lock on it: one compiles,
@@ -39,6 +46,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -142,6 +150,7 @@ class KernelCache:
         self._fingerprint: str | None = None
         self._runtime_preloaded = False
         self._warned: set[tuple[str, Path]] = set()
+        self._pruned: set[Path] = set()
 
     def get(self, entry: tuple):
         fn = self._memory.get(entry)
@@ -213,6 +222,9 @@ class KernelCache:
             )
             return self.compile_fn(*entry)
         try:
+            if directory not in self._pruned:
+                self._pruned.add(directory)
+                prune_stale(dir_fd, directory, envs.cache_max_age_days(), self.fingerprint)
             name = self.entry_name(entry)
             with self._entry_lock(dir_fd, directory, name) as locked:
                 fn = self._read(dir_fd, directory, name, entry, remove_bad=locked)
@@ -284,9 +296,12 @@ class KernelCache:
             return self._bad_entry(dir_fd, directory, name, e, remove_bad)
         try:
             _check_record(read_trusted(dir_fd, f"{name}.sha256"), self.fingerprint, entry, data)
-            return self._loader(data)
+            fn = self._loader(data)
         except Exception as e:  # a bad entry is a miss
             return self._bad_entry(dir_fd, directory, name, e, remove_bad)
+        with contextlib.suppress(OSError):  # in use: prune_stale's age counts from now
+            os.utime(f"{name}.o", dir_fd=dir_fd, follow_symlinks=False)
+        return fn
 
     def _bad_entry(self, dir_fd: int, directory: Path, name: str, e: Exception, remove: bool):
         logger.warning(
@@ -321,3 +336,99 @@ class KernelCache:
                 directory / f"{name}.o",
                 e,
             )
+
+
+_ENTRY_SUFFIXES = (".o", ".sha256", ".lock")
+
+
+def prune_stale(
+    dir_fd: int, directory: Path, max_age_days: int, keep: str, now: float | None = None
+) -> int:
+    """Remove the entries of ``dir_fd`` (a trusted cache directory) whose files are all older
+    than ``max_age_days`` (0: none) and whose record is not of fingerprint ``keep`` (this
+    process's: a server restarted after a long run keeps its kernels): an entry's ``.o``,
+    ``.sha256`` and ``.lock``, each only if it is a regular file owned by this user, and only
+    while holding the entry's lock without waiting (a process using the entry holds it; that
+    entry is skipped). Returns the number of entries removed; logs one line when any were.
+    Never raises: a failure keeps files."""
+    if max_age_days <= 0:
+        return 0
+    cutoff = (time.time() if now is None else now) - max_age_days * 86400
+    try:
+        names = os.listdir(dir_fd)
+    except OSError:
+        return 0
+    stems: dict[str, list[str]] = {}
+    for fname in names:
+        stem, dot, suffix = fname.rpartition(".")
+        if dot and f".{suffix}" in _ENTRY_SUFFIXES:
+            stems.setdefault(stem, []).append(fname)
+    removed, freed = 0, 0
+    for stem, files in stems.items():
+        sizes = _stale_own_files(dir_fd, files, cutoff)
+        if sizes is None or _record_fingerprint(dir_fd, stem) == keep:
+            continue
+        if not _remove_entry(dir_fd, stem, files):
+            continue
+        removed, freed = removed + 1, freed + sum(sizes)
+    if removed:
+        logger.info(
+            "vllm_fa4: removed %d kernel cache entries (%.1f MiB) unused for %d days from %s "
+            "(%s=0 keeps them)",
+            removed,
+            freed / 2**20,
+            max_age_days,
+            directory,
+            envs.CACHE_MAX_AGE_DAYS,
+        )
+    return removed
+
+
+def _stale_own_files(dir_fd: int, files: list[str], cutoff: float) -> list[int] | None:
+    """The sizes of ``files`` if every one is a regular file of ours older than ``cutoff``."""
+    sizes = []
+    for fname in files:
+        try:
+            st = os.stat(fname, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            return None
+        if not _is_own_regular(st) or st.st_mtime >= cutoff:
+            return None
+        sizes.append(st.st_size)
+    return sizes
+
+
+def _record_fingerprint(dir_fd: int, stem: str) -> str | None:
+    """The fingerprint ``stem``'s record names (None: no record, or not one of ours)."""
+    try:
+        record = json.loads(read_trusted(dir_fd, f"{stem}.sha256"))
+        return str(record["fingerprint"])
+    except Exception:  # missing, untrusted, an older format: not this process's
+        return None
+
+
+def _is_own_regular(st: os.stat_result) -> bool:
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+
+
+def _remove_entry(dir_fd: int, stem: str, files: list[str]) -> bool:
+    """Unlink ``files`` under the entry's lock, taken without waiting (no lock file: nobody
+    can hold it). False, removing nothing, when another process holds it."""
+    lock = None
+    if f"{stem}.lock" in files:
+        try:
+            lock = os.open(f"{stem}.lock", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held (BlockingIOError), gone, or cannot be locked: keep the entry
+            if lock is not None:
+                os.close(lock)
+            return False
+    try:
+        # The lock file last: a process that opens it meanwhile finds the entry gone (a miss).
+        for fname in sorted(files, key=lambda f: f.endswith(".lock")):
+            with contextlib.suppress(OSError):
+                os.unlink(fname, dir_fd=dir_fd)
+        return True
+    finally:
+        if lock is not None:
+            os.close(lock)
