@@ -10,6 +10,9 @@ VLLM_FA4_CACHE_DIR      compiled-kernel disk cache (``kernels.cache``; default
 VLLM_FA4_CACHE_MAX_AGE_DAYS  kernel cache entries not loaded or written for this many days
                         are removed at a process's first use of the cache; default 30, 0 keeps
                         every entry
+VLLM_FA4_CHECK          ``1``: each prefill step compares the lengths the kernel reads on the
+                        GPU with the host copies its plan was built from (a sync per step;
+                        for debugging vLLM or us, one error line on a difference)
 VLLM_FA4_TEST_VARIANTS  config specs, or ``all``, that GPU tests and variant benchmarks sweep
                         (``testing.variants``)
 VLLM_FA4_FUZZ_COUNT     batches per kernel config in the fuzz suite (``tests/gpu/test_fuzz.py``,
@@ -32,6 +35,7 @@ PREFILL_ROUTE = "VLLM_FA4_PREFILL_ROUTE"
 CACHE_DIR = "VLLM_FA4_CACHE_DIR"
 CACHE_MAX_AGE_DAYS = "VLLM_FA4_CACHE_MAX_AGE_DAYS"
 DEFAULT_CACHE_MAX_AGE_DAYS = 30
+CHECK = "VLLM_FA4_CHECK"
 TEST_VARIANTS = "VLLM_FA4_TEST_VARIANTS"
 FUZZ_COUNT = "VLLM_FA4_FUZZ_COUNT"
 FUZZ_SEED = "VLLM_FA4_FUZZ_SEED"
@@ -80,6 +84,13 @@ def _int_env(name: str, default: int, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"{name}={value}: must be >= {minimum}")
     return value
+
+
+def check_lengths() -> bool:
+    raw = os.environ.get(CHECK, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"{CHECK}={raw!r}: expected 0 or 1")
+    return raw == "1"
 
 
 def cache_max_age_days() -> int:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from vllm_fa4 import envs, warmup
 from vllm_fa4 import kv_cache_dtype as kv_dtypes
-from vllm_fa4 import warmup
 from vllm_fa4.compat import (
     AttentionCGSupport,
     AttentionMetadataBuilder,
@@ -55,6 +55,7 @@ class FA4Metadata:
 class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
     reorder_batch_threshold: int = 1
     _warned_sync: bool = False
+    _lengths_differed: bool = False  # VLLM_FA4_CHECK found a difference (logged once)
 
     @classmethod
     def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
@@ -98,6 +99,7 @@ class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
         # GPU); the fp32 reference runs only when VLLM_FA4_PREFILL_ROUTE=reference asks for
         # it, or on CPU (tests). Every plan carries this one decision.
         self.prefill_route = select_route(self.kernel_key, self.kernel_configs, device)
+        self.check_lengths = envs.check_lengths()  # VLLM_FA4_CHECK: a debugging aid
         if self.prefill_route == "kernel":
             for config in self.kernel_configs.all:
                 warmup.request(self.kernel_key, config)
@@ -157,7 +159,7 @@ class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
                 logger.warning("FA4: no CPU seq_lens in the batch metadata; copying from GPU")
                 self._warned_sync = True
             seq_lens_cpu = cm.seq_lens.cpu()
-        return plan_prefill(
+        plan = plan_prefill(
             qsl_cpu - qsl_cpu[0],
             seq_lens_cpu[nd:num_reqs],
             key=self.kernel_key,
@@ -169,6 +171,17 @@ class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
             page_table=cm.block_table_tensor[nd:num_reqs],
             window_left=self.features.window_left,
         )
+        if self.check_lengths and not self._lengths_differed:
+            difference = lengths_difference(plan)
+            if difference is not None:  # logged, never raised: requests are in flight
+                self._lengths_differed = True
+                logger.error(
+                    "FA4 (%s=1): %s. The kernel bounds its reads by the device copies and "
+                    "tiles by the host ones, so rows of this batch may be wrong; said once",
+                    envs.CHECK,
+                    difference,
+                )
+        return plan
 
     def use_cascade_attention(self, *args, **kwargs) -> bool:
         return False  # vLLM 0.26 asks; 0.33 has no cascade attention
@@ -273,3 +286,21 @@ def _fit_to_spec_layout(configs, key: KernelKey, kv_cache_spec):
                 new.spec,
             )
     return fitted
+
+
+def lengths_difference(plan: PrefillPlan) -> str | None:
+    """Where the lengths the kernel reads on its device (cu_seqlens_q, seqused_k) differ from
+    the host copies ``plan`` was tiled with, or None. A device->host copy each: a sync per
+    step (``VLLM_FA4_CHECK`` only); skipped while a CUDA graph is captured."""
+    if plan.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    pairs = (
+        ("cu_seqlens_q", plan.args.cu_seqlens_q, plan.query_start_loc_cpu),
+        ("seqused_k", plan.args.seqused_k, plan.seq_lens_cpu),
+    )
+    for name, on_device, on_host in pairs:
+        got = on_device.cpu()
+        if not torch.equal(got, on_host):
+            i = int((got != on_host).nonzero()[0, 0])
+            return f"{name}[{i}] is {int(got[i])} on the GPU, {int(on_host[i])} on the host"
+    return None

@@ -1,6 +1,7 @@
 """FA4MetadataBuilder.build on named batch specs, fields checked against hand-computed values."""
 
 import dataclasses
+import logging
 import math
 
 import pytest
@@ -292,3 +293,30 @@ def test_kv_cache_dtype_unlike_the_models_is_refused_at_startup(vllm_config):
     """vllm_config's model is bf16: an fp16 cache would fail at the first prefill."""
     with pytest.raises(NotImplementedError, match="KV cache dtype float16 with model dtype"):
         _builder_with_spec(vllm_config, dtype=torch.float16)
+
+
+def test_check_mode_logs_lengths_that_differ_once_and_never_raises(
+    vllm_config, monkeypatch, caplog
+):
+    """VLLM_FA4_CHECK=1: a step whose device lengths differ from the host copies (a drift
+    the kernel would tile by one and bound by the other) is logged once as an error, and
+    still served; unset, nothing is compared."""
+    from vllm_fa4 import envs
+
+    query_lens, seq_lens = [1, 40, 300], [9, 40, 700]
+    drifted = make_common(query_lens, seq_lens)
+    drifted.seq_lens[2] += 16  # the GPU copy only
+    for value, said in (("", 0), ("1", 1)):
+        monkeypatch.setenv(envs.CHECK, value)
+        builder = make_builder(vllm_config)
+        caplog.clear()
+        for _ in range(2):
+            md = builder.build(0, drifted)
+            assert md.prefill is not None and md.prefill.num_tokens == 340
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == said, errors
+    assert "seqused_k[1] is 716 on the GPU, 700 on the host" in errors[0]
+    builder.build(0, make_common(query_lens, seq_lens))  # equal copies: nothing more said
+    monkeypatch.setenv(envs.CHECK, "yes")
+    with pytest.raises(ValueError, match=envs.CHECK):
+        make_builder(vllm_config)
