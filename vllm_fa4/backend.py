@@ -207,13 +207,20 @@ def _environment_reasons(
 ) -> list[str]:
     """Startup errors from the package's environment, at backend selection (before weights
     load): a misspelt VLLM_FA4_VARIANT or VLLM_FA4_PREFILL_ROUTE (the message lists the valid
-    spellings), or a kernel config that cannot build this head dim. The builder checks the
-    full key (GQA group included) when it is created."""
+    spellings), a VLLM_FA4_CHECK or VLLM_FA4_CACHE_MAX_AGE_DAYS that does not parse (read
+    later, at the first build and the first kernel-cache use), or a kernel config that cannot
+    build this head dim. The builder checks the full key (GQA group included) when it is
+    created."""
     reasons, route, config = [], None, None
     try:
         route = envs.prefill_route()
     except ValueError as e:
         reasons.append(f"FA4: {e}")
+    for read_later in (envs.check_lengths, envs.cache_max_age_days):
+        try:
+            read_later()
+        except ValueError as e:
+            reasons.append(f"FA4: {e}; fix or unset it, {envs.WAY_OUT}")
     try:
         config = configured_config()
     except ValueError as e:

@@ -740,3 +740,15 @@ def test_bad_max_age_is_an_error_naming_the_variable(monkeypatch):
     monkeypatch.setenv(envs.CACHE_MAX_AGE_DAYS, "-1")
     with pytest.raises(ValueError, match=envs.CACHE_MAX_AGE_DAYS):
         envs.cache_max_age_days()
+
+
+def test_unparsable_max_age_prunes_nothing_and_serves(cache_dir, tmp_path, monkeypatch, caplog):
+    """Outside a server (backend selection refuses the value), the cache still serves: one
+    warning, every entry kept."""
+    stale = _entry_of_other_sources(tmp_path, cache_dir, ENTRIES[0])
+    _age(cache_dir, stale, 365)
+    monkeypatch.setenv(envs.CACHE_MAX_AGE_DAYS, "-3")
+    cache, _ = fake_cache(tmp_path)
+    assert cache.get(ENTRIES[1]) == FakeKernel(repr(ENTRIES[1]))
+    assert stale in _stems(cache_dir)
+    assert [w for w in warnings_of(caplog) if envs.CACHE_MAX_AGE_DAYS in w] != []

@@ -235,3 +235,14 @@ def test_cpu_builder_takes_the_reference_route(vllm_config):
     """CPU tests (no CUDA device) keep the fp32 reference as their route."""
     builder = make_builder(vllm_config)
     assert builder.prefill_route == "reference"
+
+
+def test_unparsable_check_and_cache_age_are_refused_at_backend_selection(monkeypatch):
+    """VLLM_FA4_CHECK and VLLM_FA4_CACHE_MAX_AGE_DAYS are read at the first build and the
+    first kernel-cache use; a value that does not parse is named before weights load."""
+    monkeypatch.setenv(envs.CHECK, "yes")
+    monkeypatch.setenv(envs.CACHE_MAX_AGE_DAYS, "a month")
+    reasons = validate()
+    assert len(reasons) == 2, reasons
+    assert "VLLM_FA4_CHECK='yes'" in reasons[0] and "VLLM_FA4_CACHE_MAX_AGE_DAYS" in reasons[1]
+    assert all("--attention-backend FLASH_ATTN" in r for r in reasons)

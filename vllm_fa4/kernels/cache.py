@@ -177,6 +177,15 @@ class KernelCache:
     def entry_path(self, entry: tuple) -> Path:
         return envs.kernel_cache_dir() / f"{self.entry_name(entry)}.o"
 
+    def _max_age_days(self, directory: Path) -> int:
+        """VLLM_FA4_CACHE_MAX_AGE_DAYS; a value that does not parse (refused at backend
+        selection, so only outside a server) keeps every entry, with one warning."""
+        try:
+            return envs.cache_max_age_days()
+        except ValueError as e:
+            self._warn_once("max_age", directory, "vllm_fa4: %s; no entry is pruned", e)
+            return 0
+
     def _warn_once(self, kind: str, directory: Path, msg: str, *args) -> None:
         if (kind, directory) in self._warned:
             logger.debug(msg, *args)
@@ -224,7 +233,7 @@ class KernelCache:
         try:
             if directory not in self._pruned:
                 self._pruned.add(directory)
-                prune_stale(dir_fd, directory, envs.cache_max_age_days(), self.fingerprint)
+                prune_stale(dir_fd, directory, self._max_age_days(directory), self.fingerprint)
             name = self.entry_name(entry)
             with self._entry_lock(dir_fd, directory, name) as locked:
                 fn = self._read(dir_fd, directory, name, entry, remove_bad=locked)
