@@ -14,6 +14,9 @@ the class's dtypes, page sizes and groups. Cases are named by that key and the c
 there (long / short / both batches), not by the config's spelling, so a refactor that renames
 configs still compares case by case.
 
+Both sets end with every config serving launches on an FP8 cache, once per head dim
+(`fp8_cases`).
+
 Writes one normalized PTX file per case and `hashes.txt` (case, sha256). `--compare` prints
 `same` / `DIFF` per case and exits 1 on any difference (a refactor must print no DIFF). With
 `--sass`, cuobjdump (where installed) disassembles the cubins too and hashes the SASS as well.
@@ -121,6 +124,19 @@ def served_cases():
                     key, role = keys[len(cases) % len(keys)]
                     cases.append((_served_name(key, role), key, config))
     return cases
+
+
+def fp8_cases():
+    """[(case name, KernelKey, KernelConfig)]: every config serving launches on an FP8 cache,
+    once per head dim (testing.variants.served_configs: the converters' code differs by head
+    dim, not by page size or feature beyond what the 16-bit cases cover)."""
+    from vllm_fa4.testing.variants import served_configs
+
+    return [
+        (f"{_served_name(key, 'fp8')}-{config.spec.replace('+', '_')}", key, config)
+        for key, config in served_configs()
+        if key.fp8_kv
+    ]
 
 
 def _served_name(key, role: str) -> str:
@@ -241,7 +257,8 @@ def main(argv=None) -> int:
     os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="kernel-fingerprint-")
     sys.path.insert(0, str(REPO))
     if args.served:
-        cases = [(name, (key, config, False)) for name, key, config in served_cases()]
+        served = served_cases() + fp8_cases()
+        cases = [(name, (key, config, False)) for name, key, config in served]
         distinct = len({case[1] for _, case in cases})
         print(f"{len(cases)} served builds, {distinct} distinct configs", flush=True)
     else:
@@ -255,6 +272,8 @@ def main(argv=None) -> int:
         cases = [
             (_case_name(*case), case) for case in _cases(args.keys, specs, (dtype, *map(int, dims)))
         ]
+        if args.keys == "all":  # the FP8 cache's converter paths
+            cases += [(name, (key, config, False)) for name, key, config in fp8_cases()]
     if args.only:
         cases = [(name, case) for name, case in cases if re.search(args.only, name)]
     args.out.mkdir(parents=True, exist_ok=True)
