@@ -106,20 +106,24 @@ def test_block_n_spelling_geometry_and_limits():
     assert "multiple of 16" in KernelConfig.parse("queue+block_n=72").unsupported_reason(gemma)
 
 
-def test_block_n_80_is_the_long_pick_of_gemma_2s_global_page_16_key_only():
-    """LONG_BY_PAGE: 80-key blocks for long batches of head dim 256 with a soft cap, no window,
-    page 16, 16-bit caches; short batches, other pages, no cap, a window and FP8 keep the
-    table's row."""
+def test_block_n_80_is_the_long_pick_of_gemma_2s_capped_page_16_keys_only():
+    """LONG_BY_PAGE: 80-key blocks for long batches of head dim 256 with a soft cap at page 16
+    (the global layers' step without turns, the local layers' window with them), 16-bit
+    caches; short batches, other pages, no cap and FP8 keep the table's row."""
     bn80 = KernelConfig.parse("queue+overlap_free+lazy_max+block_n=80")
     gemma = KernelKey.for_layer("bfloat16", 256, 16, 16, 8, softcap=True)
     picks = serving_configs(gemma)
     assert picks.long == bn80 and picks.short.block_n == 0
     assert picks.geometry(gemma).tile_n == 80  # the plan picks with the long config's tiles
+    local = dataclasses.replace(gemma, sliding_window=True)
+    assert serving_configs(local).long == KernelConfig.parse("queue+overlap+block_n=80")
+    assert serving_configs(local).short.block_n == 0
     for other in (
         dataclasses.replace(gemma, softcap=False),
+        dataclasses.replace(local, softcap=False),
         dataclasses.replace(gemma, page_size=32),
         dataclasses.replace(gemma, page_size=128),
-        dataclasses.replace(gemma, sliding_window=True),
+        dataclasses.replace(local, page_size=128),
         KernelKey.for_layer("bfloat16", 256, 16, 16, 8, softcap=True, kv_dtype="float8_e4m3fn"),
         KernelKey.for_layer("float16", 128, 16, 32, 8, softcap=True),
     ):
