@@ -48,28 +48,12 @@ def test_staging_stages_fill_shared_memory(hd, spec, stages):
     [
         ("queue+overlap+wide_box", "'wide_box' with an fp8 KV cache"),
         ("queue+overlap+q_prefetch", "'q_prefetch' with an fp8 KV cache"),
-        ("queue+serial+converters=4", "converters=4 with the serial step"),
-        ("queue_with_work+overlap+q_tma+converters=4", "converters=4 with 'q_tma'"),
-        ("queue+overlap+converters=5", "converters=5 (supported: 3, 4)"),
     ],
 )
 def test_configs_the_fp8_kernel_does_not_build(spec, words):
     config = KernelConfig.parse(spec)
     assert words in config.unsupported_reason(fp8_key())
-    sixteen = KernelKey("bfloat16", 128, 16, 4)
-    if config.converters == 3:
-        assert config.unsupported_reason(sixteen) is None
-    else:  # a 16-bit cache has nothing to convert
-        assert "without an fp8 KV cache" in config.unsupported_reason(sixteen)
-
-
-def test_converters_spell_and_parse_back():
-    config = KernelConfig.parse("queue+pv_wait_mid+lazy_max+converters=4")
-    assert config.converters == 4
-    assert config.spec == "queue+pv_wait_mid+lazy_max+converters=4"
-    assert KernelConfig.parse(config.spec) == config
-    assert "converters" not in KernelConfig.parse("queue+overlap+converters=3").spec
-    assert config.unsupported_reason(fp8_key(128, 128)) is None
+    assert config.unsupported_reason(KernelKey("bfloat16", 128, 16, 4)) is None
 
 
 def test_fp8_registers_fit_and_16bit_splits_are_unchanged():
@@ -151,7 +135,7 @@ def test_fp8_kernel_ptx_converts_in_the_producer(tmp_path, monkeypatch):
     assert loads >= fp8_kv.LOAD_BATCH, loads
 
 
-@pytest.mark.parametrize("warps", [2, 3, 4])
+@pytest.mark.parametrize("warps", [2, 3])
 @pytest.mark.parametrize("groups,chunks", [(16, 1), (16, 2), (8, 4)])  # head dims 64/128/256
 def test_converter_warps_store_every_piece_once_and_share_them_evenly(warps, groups, chunks):
     """convert_tile's split (warp_pieces): every (8-row group, chunk) piece of a tile stored
@@ -169,7 +153,6 @@ def test_converter_warps_store_every_piece_once_and_share_them_evenly(warps, gro
 def test_converter_warps_leave_the_loading_warps_alone():
     assert fp8_kv.converter_warps(False) == (1, 2, 3)
     assert fp8_kv.converter_warps(True) == (2, 3)
-    assert fp8_kv.converter_warps(False, converters=4) == (0, 1, 2, 3)  # the TMA warp too
 
 
 @pytest.mark.parametrize("element_bytes", [1, 2])

@@ -283,10 +283,6 @@ class KernelConfig:
     # memory a clock, m64n80k16 112 (session 8). Served for long batches with a soft cap
     # (policy.LONG_BY_PAGE: +1.7 to +7.2 % on the H100); without one it lost (session 9).
     block_n: int = 0
-    # Producer warps converting an fp8 cache's tiles (fp8_kv.py): 3, the warps beside the TMA
-    # warp (two with `v_warp`), or 4, the TMA warp too, one block behind its own loads
-    # (fwd_sm90.produce_and_convert): each warp converts a quarter of a tile, not a third.
-    converters: int = 3
     # Test-only instrumentation, never spelled (so no environment can select it): a consumer
     # thread adds 1 to its tile's cost column of work_tiles after the tile's epilogue, so a
     # test can check each tile ran exactly once (tests/gpu/test_tile_scheduler.py).
@@ -302,7 +298,7 @@ class KernelConfig:
             if not token:
                 continue
             name, eq, number = token.partition("=")
-            if name in ("mma_wgs", "block_n", "converters") and eq:
+            if name in ("mma_wgs", "block_n") and eq:
                 field, value = name, _int_value(name, number, token)
             elif token in ("v_warp", "lazy_max"):
                 field, value = token, True
@@ -322,8 +318,7 @@ class KernelConfig:
     @classmethod
     def spellings(cls) -> str:
         values = [member.value for axis in AXES for member in axis]
-        numbers = ("mma_wgs=N", "block_n=N", "converters=N")
-        return ", ".join([*values, "v_warp", "lazy_max", *numbers])
+        return ", ".join([*values, "v_warp", "lazy_max", "mma_wgs=N", "block_n=N"])
 
     @property
     def spec(self) -> str:
@@ -336,9 +331,8 @@ class KernelConfig:
                 parts.append(name if value is True else value.value)
         if self.mma_wgs != default.mma_wgs:
             parts.append(f"mma_wgs={self.mma_wgs}")
-        for name in ("block_n", "converters"):
-            if getattr(self, name) != getattr(default, name):
-                parts.append(f"{name}={getattr(self, name)}")
+        if self.block_n != default.block_n:
+            parts.append(f"block_n={self.block_n}")
         return "+".join(parts)
 
     def geometry(self, key: KernelKey) -> TileGeometry:
@@ -369,11 +363,9 @@ class KernelConfig:
             if reason is not None:
                 return reason
         if key.fp8_kv:
-            reason = self._fp8_unsupported_reason(key)
+            reason = self._fp8_unsupported_reason()
             if reason is not None:
                 return reason
-        elif self.converters != 3:
-            return f"converters={self.converters} without an fp8 KV cache (nothing to convert)"
         smem = self._smem_bytes(key, max(self.staging_stages(key), key.fp8_kv))
         if smem > SMEM_BYTES - 1024:  # keep 1 KB for the mbarriers and alignment
             q_stages = self.q_stages
@@ -398,7 +390,7 @@ class KernelConfig:
             return f"block_n={n} with 'wide_box' (its boxes are laid out for the default tile)"
         return None
 
-    def _fp8_unsupported_reason(self, key: KernelKey) -> str | None:
+    def _fp8_unsupported_reason(self) -> str | None:
         """What an fp8 cache's kernel (fp8_kv.py) is not built for yet."""
         if self.kv_box is KvBox.WIDE:
             # the fp8 staging tile is laid out for per-chunk boxes only
@@ -406,24 +398,6 @@ class KernelConfig:
         if self.q_load is QLoad.PREFETCH:
             # the converter warps walk tiles as the consumers do, without a mid-tile handoff
             return "'q_prefetch' with an fp8 KV cache"
-        if self.converters not in (3, 4):
-            return f"converters={self.converters} (supported: 3, 4)"
-        if self.converters == 4:
-            return self._tma_converts_unsupported_reason(key)
-        return None
-
-    def _tma_converts_unsupported_reason(self, key: KernelKey) -> str | None:
-        """`converters=4`: the TMA warp converts one block behind its loads, in the overlapped
-        steps' order (K_j before V_(j-1)), with Q by cp.async and no V warp."""
-        if self.block_step is BlockStep.SERIAL:
-            return "converters=4 with the serial step"
-        if self.v_warp:
-            return "converters=4 with 'v_warp'"
-        if self.q_load is QLoad.TMA:
-            return "converters=4 with 'q_tma'"
-        if self.staging_stages(key) < 2:
-            # its next load would wait for a slot only its own later conversion frees
-            return "converters=4 with one fp8 staging slot (it needs two)"
         return None
 
     def _smem_bytes(self, key: KernelKey, staging_stages: int) -> int:

@@ -50,12 +50,9 @@ def e4m3_pair(word: Int32, high: bool, *, loc=None, ip=None) -> Int32:
     return Int32(out)
 
 
-def converter_warps(v_warp: bool, converters: int = 3) -> tuple[int, ...]:
+def converter_warps(v_warp: bool) -> tuple[int, ...]:
     """The producer warps that convert: 1-3, or 2-3 where warp 1 loads V (`v_warp`); warp 0
-    issues the TMA loads and runs the tile queue, and with ``converters=4`` converts too
-    (after its loads, fwd_sm90.produce_and_convert)."""
-    if converters == 4:
-        return (0, 1, 2, 3)
+    issues the TMA loads and runs the tile queue."""
     return (2, 3) if v_warp else (1, 2, 3)
 
 

@@ -250,12 +250,8 @@ class Sm90PagedPrefill:
         self.q_converts = self.mma_dtype is not self.dtype
         self.staging_stages = cfg.staging_stages(key)
         self.load_stages = self.staging_stages or KV_STAGES
-        self.converter_warps = converter_warps(cfg.v_warp, cfg.converters) if key.fp8_kv else ()
+        self.converter_warps = converter_warps(cfg.v_warp) if key.fp8_kv else ()
         self.converter_threads = 32 * len(self.converter_warps)
-        # `converters=4`: the TMA warp converts inside its loads' walk (produce_and_convert);
-        # the others walk the consumers' tiles on their own (walk_conversions).
-        self.tma_converts = 0 in self.converter_warps
-        self.converter_walkers = tuple(w for w in self.converter_warps if w != 0)
         self.producer_regs, self.mma_regs = cfg.register_split(key)
         self.num_mma_threads = 128 * cfg.mma_wgs
         self.turns = cfg.turns  # warpgroups taking turns (barriers.py): ping-pong
@@ -540,10 +536,10 @@ class Sm90PagedPrefill:
                 num_stages=TILE_QUEUE_STAGES,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
                 # every consumer thread arrives on "empty"; with `v_warp` the V warp's too,
-                # with an fp8 cache those of the converters that walk the tiles themselves
+                # with an fp8 cache the converters'
                 consumer_group=pipeline.CooperativeGroup(
                     pipeline.Agent.Thread,
-                    self.num_mma_threads + 32 * (self.cfg.v_warp + len(self.converter_walkers)),
+                    self.num_mma_threads + 32 * self.cfg.v_warp + self.converter_threads,
                 ),
                 defer_sync=True,
             )
@@ -568,15 +564,10 @@ class Sm90PagedPrefill:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sK_load, sV_load = sK, sV  # what the producer's TMA writes
-        staging = None  # an fp8 cache: K's and V's KvStaging, what the converters read
         if cutlass.const_expr(self.fp8_kv):
             outer, inner = staging_layout.outer, staging_layout.inner
             sK_load = storage.sK8.get_tensor(outer, swizzle=inner)
             sV_load = storage.sV8.get_tensor(outer, swizzle=inner)
-            staging = (
-                KvStaging(load_k, sK_load, pipe_k, sK),
-                KvStaging(load_v, sV_load, pipe_v, sV),
-            )
 
         tile_args = WorkList(
             mWorkTiles,
@@ -604,9 +595,6 @@ class Sm90PagedPrefill:
                 state = pipeline.make_pipeline_state(
                     pipeline.PipelineUserType.Producer, self.load_stages
                 )
-                if cutlass.const_expr(self.tma_converts):
-                    produce = partial(self.produce_and_convert, kv=staging)
-                    state = (state, *self.conversion_states())
                 walk = self.tile_walk()
                 walk(produce, prod_args, state, tile_args, first_tile, queue, True)
             if cutlass.const_expr(self.cfg.v_warp):
@@ -615,8 +603,10 @@ class Sm90PagedPrefill:
                     v_args = VLoadArgs(mPageTable, mV_tma, tma_atom_V, sV_load, pool, load_v)
                     self.walk_v_loads(v_args, tile_args, queue)
             if cutlass.const_expr(self.fp8_kv):
-                if warp_idx >= self.converter_walkers[0]:
-                    self.walk_conversions(staging, tile_args, first_tile, queue)
+                if warp_idx >= self.converter_warps[0]:
+                    k_kv = KvStaging(load_k, sK_load, pipe_k, sK)
+                    v_kv = KvStaging(load_v, sV_load, pipe_v, sV)
+                    self.walk_conversions((k_kv, v_kv), tile_args, first_tile, queue)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             wg = cute.arch.make_warp_uniform((tidx - 128) // 128)
@@ -676,17 +666,13 @@ class Sm90PagedPrefill:
     def walk_conversions(self, kv, tile_args, first_tile: Int32, queue):
         """An fp8 cache's converter warps: every tile the consumers run, in the consumers'
         tile walk, converting its K/V blocks (convert)."""
-        walk = self.tile_walk()
-        walk(self.convert, kv, self.conversion_states(), tile_args, first_tile, queue, False)
-
-    def conversion_states(self):
-        """A converter's pipeline states: the staging ring's (consumer) and the 16-bit K/V
-        stages' (producer); K's, V's run a block behind as clones (convert)."""
         users = pipeline.PipelineUserType
-        return (
+        states = (
             pipeline.make_pipeline_state(users.Consumer, self.staging_stages),
             pipeline.make_pipeline_state(users.Producer, self.stages),
         )
+        walk = self.tile_walk()
+        walk(self.convert, kv, states, tile_args, first_tile, queue, False)
 
     @cute.jit
     def convert(self, work, kv, states, q_stage: cutlass.Constexpr[int] = 0):
@@ -959,12 +945,16 @@ class Sm90PagedPrefill:
         """Issue one tile's K/V loads (with `v_warp` only K; produce_v issues V), last block
         first, with `q_tma` its Q on the first K's mbarrier; returns the advanced state (and
         Q's)."""
+        mPageTable, mK_tma, mV_tma, tma_atom_K, tma_atom_V, sK, sV, pool, pipe_k, pipe_v = args
         q_boxes = None
         if cutlass.const_expr(self.q_tma):
             # The consumers freed this Q stage after their last Q K^T two tiles ago.
             cute.arch.mbarrier_wait(q_load.empty + q_state.index, q_state.phase)
             q_boxes = partial(self.issue_q_boxes, work, q_load, q_state.index)
-        ctx, k_src, v_src = self._tile_sources(work, args)
+        ctx = (mPageTable[work.batch, None], work.k_len, pool.num_blocks)
+        head, boxes = work.kv_head, pool.boxes_per_block
+        k_src = self._kv_source(pipe_k, tma_atom_K, mK_tma, sK, head, boxes)
+        v_src = self._kv_source(pipe_v, tma_atom_V, mV_tma, sV, head, boxes)
         n_max, n_min = work.n_block_max, work.n_block_min
         if cutlass.const_expr(self.cfg.v_warp or not self.overlap):
             # Block by block: K, then V unless the second warp loads it (`v_warp`, produce_v)
@@ -996,67 +986,6 @@ class Sm90PagedPrefill:
             q_state.advance()
             return state, q_state
         return state
-
-    def _tile_sources(self, work, args: ProducerArgs):
-        """The tile's page-table context (page row, k_len, pool blocks) and K's and V's
-        sources."""
-        mPageTable, mK_tma, mV_tma, tma_atom_K, tma_atom_V, sK, sV, pool, pipe_k, pipe_v = args
-        ctx = (mPageTable[work.batch, None], work.k_len, pool.num_blocks)
-        head, boxes = work.kv_head, pool.boxes_per_block
-        k_src = self._kv_source(pipe_k, tma_atom_K, mK_tma, sK, head, boxes)
-        v_src = self._kv_source(pipe_v, tma_atom_V, mV_tma, sV, head, boxes)
-        return ctx, k_src, v_src
-
-    @cute.jit
-    def produce_and_convert(self, work, args: ProducerArgs, states, kv):
-        """`converters=4`: the TMA warp issues one tile's K/V loads in the overlapped order
-        (K_i, then V_(i-1)) and after each step converts a quarter of the tiles it issued a
-        step earlier (K_(i-1), then V_(i-2): the converters' order, convert), so each load
-        lands under a step of issue and conversion; the tile's last tiles after its last
-        load. Two staging slots keep it live: K_i's acquire waits for K_(i-2), which this warp
-        converted a step ago (with one it would wait for its own next conversion:
-        tests/unit/test_fp8_converter_schedule.py). `states` = (load ring, staging ring,
-        16-bit ring), K's; returns them advanced."""
-        state, staged, stage = states
-        kv_k, kv_v = kv
-        me = Converter(cute.arch.lane_idx(), Int32(0), len(self.converter_warps))
-        ctx, k_src, v_src = self._tile_sources(work, args)
-        n_max, n_min = work.n_block_max, work.n_block_min
-        n_count = n_max - n_min  # blocks visited
-        pages_next = self._block_pages(*ctx, cutlass.max(n_max - 1, n_min))
-        if n_count > 0:
-            pages = pages_next
-            pages_next = self._block_pages(*ctx, cutlass.max(n_max - 2, n_min))
-            self._load_tile(k_src, state, *ctx, n_max - 1, pages)
-            state_v = state.clone()
-            state.advance()
-            staged_v, stage_v = staged.clone(), stage.clone()
-            for i in cutlass.range(1, n_count, unroll=1):
-                n_block = n_max - 1 - i
-                pages_v = pages  # block n_block + 1's, read for its K
-                pages = pages_next
-                pages_next = self._block_pages(*ctx, cutlass.max(n_block - 1, n_min))
-                self._load_tile(k_src, state, *ctx, n_block, pages)
-                self._load_tile(v_src, state_v, *ctx, n_block + 1, pages_v)
-                state.advance()
-                state_v.advance()
-                convert_block(kv_k, staged, stage, me)  # K_(i-1)
-                staged.advance()
-                stage.advance()
-                if i > 1:
-                    convert_block(kv_v, staged_v, stage_v, me)  # V_(i-2)
-                    staged_v.advance()
-                    stage_v.advance()
-            self._load_tile(v_src, state_v, *ctx, n_min, pages)
-            convert_block(kv_k, staged, stage, me)  # the last K
-            staged.advance()
-            stage.advance()
-            if n_count > 1:
-                convert_block(kv_v, staged_v, stage_v, me)  # the V before it
-                staged_v.advance()
-                stage_v.advance()
-            convert_block(kv_v, staged_v, stage_v, me)  # the last V
-        return state, staged, stage
 
     @cute.jit
     def issue_blocks(self, srcs, state, ctx, n_max: Int32, n_min: Int32, q_boxes=None):

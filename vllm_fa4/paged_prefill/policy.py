@@ -98,14 +98,12 @@ FP8_TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     **TABLE,
     (64, True, False): ("queue+overlap+mma_wgs=3", "queue+overlap+mma_wgs=3"),
     (64, True, True): ("queue+overlap+mma_wgs=3", "queue+overlap+mma_wgs=3"),
-    # Long batches: the TMA warp converts a quarter of each tile (`converters=4`, session 10),
-    # without pages_ahead (its producer spills beside it).
     (128, False, False): (
-        "queue+pv_wait_mid+lazy_max+converters=4",
+        "queue+pv_wait_mid+pages_ahead+lazy_max",
         "queue+pv_wait_mid+staged_epilogue+lazy_max",
     ),
     (128, False, True): (
-        "queue+pv_wait_mid+lazy_max+converters=4",
+        "queue+pv_wait_mid+lazy_max",
         "queue+pv_wait_mid+staged_epilogue+lazy_max",
     ),
     (128, True, False): ("queue+overlap", "queue+overlap"),
