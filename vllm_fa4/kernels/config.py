@@ -280,8 +280,9 @@ class KernelConfig:
     mma_wgs: int = 2
     # Keys a K/V tile (0: the key's default, tile_geometry). 80 at head dim 256 and page 16:
     # five pages a block, FA3's block there; Q K^T's m64n64k16 wgmmas read 128 B of shared
-    # memory a clock, m64n80k16 112 (session 8). Served for long batches with a soft cap
-    # (policy.LONG_BY_PAGE: +1.7 to +7.2 % on the H100); without one it lost (session 9).
+    # memory a clock, m64n80k16 112 (session 8). Served for long batches with a soft cap,
+    # with and without a window (policy.LONG_BY_PAGE: +1.7 to +7.2 % on the H100); without
+    # a cap it lost (sessions 9 and 10).
     block_n: int = 0
     # Test-only instrumentation, never spelled (so no environment can select it): a consumer
     # thread adds 1 to its tile's cost column of work_tiles after the tile's epilogue, so a
