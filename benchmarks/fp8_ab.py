@@ -18,6 +18,14 @@ Contenders per case (same seeded values; testing.cases: permuted pages, NaN in u
 Every row shows its time over FA3-fp8's (``/FA3fp8``: > 1 is faster than FA3-fp8).
 Times: median over --rounds interleaved rounds of triton's do_bench median.
 
+--accuracy runs each contender once instead of timing and prints its error (issue 30's
+long-context check: vLLM's FP8 prefill lost a 128k needle test through FP8 P V sums): against
+the float64 reference on the e4m3 cache's dequantized values (what an exact kernel computes
+from the FP8 cache) and against the float64 reference on the 16-bit values that cache rounds
+(what the FP8 cache as a whole costs, the yardstick of the SmolLM2 rule: ours-fp8's error there
+must not exceed FA3-fp8's). Its default cases add 512 queries after 32k and 128k keys:
+  python benchmarks/fp8_ab.py --accuracy --models llama-3.1-8b,gemma-2-9b --pages 16
+
 --profile launches each contender once inside a profiler window instead of timing (warmed up
 first), for Nsight Compute (the shared-memory traffic of the fp8 path against bf16's):
   ncu --clock-control none --profile-from-start off -k regex:"Sm90PagedPrefill|FlashAttnFwd" \
@@ -31,6 +39,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from triton.testing import do_bench
@@ -46,6 +55,12 @@ from vllm_fa4.testing.cases import make_paged_case  # noqa: E402
 DT = torch.bfloat16  # the model's dtype (--dtype)
 BASELINE = "FA3-fp8"
 DEFAULT_CASES = "4kx4,16kx1,2k@16k x2,2k@64k"
+# --accuracy: 512 queries after long contexts, where thousands of keys share each row's sum
+LONG_CASES = {
+    "512@32k": ((16, 128), [(512, 32768 + 512)]),
+    "512@128k": ((16, 128), [(512, 131072 + 512)]),
+}
+ACCURACY_CASES = "512@32k,512@128k,2k@64k"
 
 
 def _build(entry) -> None:
@@ -157,6 +172,51 @@ def profile(model, name, specs, page, fp8_variants):
     print(f"profiled {model} {name} p{page}, launch order: {', '.join(fns)}", flush=True)
 
 
+class Errors(NamedTuple):
+    """One output's distance from a reference, over the rows both hold as finite."""
+
+    max_abs: float
+    mean_abs: float
+    nonfinite_rows: int  # rows of the output with a NaN or inf (an exact kernel has none)
+
+
+def errors(out: torch.Tensor, ref: torch.Tensor) -> Errors:
+    """``out`` [rows, heads, D] against ``ref`` (same shape), in float64."""
+    out, ref = out.double(), ref.double()
+    bad = ~torch.isfinite(out).flatten(1).all(dim=1)
+    diff = (out[~bad] - ref[~bad]).abs()
+    if diff.numel() == 0:
+        return Errors(float("nan"), float("nan"), int(bad.sum()))
+    return Errors(float(diff.max()), float(diff.mean()), int(bad.sum()))
+
+
+def accuracy(model, name, specs, page, fp8_variants) -> dict[str, float]:
+    """Each contender once on the case; prints its errors against both float64 references
+    and returns, per contender, its mean error against the 16-bit values over FA3-fp8's."""
+    case = make_case(model, specs, page)
+    shape = MODELS[model]
+    hq, hkv, hd = shape.num_q_heads, shape.num_kv_heads, shape.head_dim
+    # The same seed without fp8_kv: the 16-bit values the e4m3 cache holds rounded.
+    source = make_paged_case(specs, hq, hkv, hd, page, DT, "cuda", seed=0)
+    ref_fp8, _ = case.reference(compute_dtype=torch.float64)
+    ref_16, _ = source.reference(compute_dtype=torch.float64)
+    found = {}
+    for n, fn in contenders(case, fp8_variants).items():
+        out = fn()
+        torch.cuda.synchronize()
+        found[n] = (errors(out, ref_fp8), errors(out, ref_16))
+    label = f"{model} {name} p{page}"
+    base = found[BASELINE][1].mean_abs
+    for i, (n, (e8, e16)) in enumerate(found.items()):
+        print(
+            f"{label if i == 0 else '':>28} | {n:<58} vs fp8 cache: max {e8.max_abs:.2e} mean "
+            f"{e8.mean_abs:.2e} | vs 16-bit: max {e16.max_abs:.2e} mean {e16.mean_abs:.2e} "
+            f"/FA3fp8 {e16.mean_abs / base:.3f}  nonfinite rows {e16.nonfinite_rows}",
+            flush=True,
+        )
+    return {n: e16.mean_abs / base for n, (_, e16) in found.items()}
+
+
 def run(model, name, specs, page, fp8_variants, rounds):
     fns = contenders(make_case(model, specs, page), fp8_variants)
     names = list(fns)
@@ -183,7 +243,12 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--models", default="llama-3.1-8b,gemma-2-9b")
     ap.add_argument("--pages", default="16,128")
-    ap.add_argument("--cases", default=DEFAULT_CASES, help=f"of: {', '.join(CASES)}")
+    ap.add_argument(
+        "--cases",
+        default=None,
+        help=f"of: {', '.join([*CASES, *LONG_CASES])} (default: {DEFAULT_CASES}; with "
+        f"--accuracy {ACCURACY_CASES})",
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("-j", "--jobs", type=int, default=8, help="parallel compiles before timing")
     ap.add_argument(
@@ -198,10 +263,22 @@ def parse_args(argv=None):
         choices=("bfloat16", "float16"),
         help="the model's dtype (Q, output, the 16-bit twin cache)",
     )
-    ap.add_argument(
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument(
         "--profile", action="store_true", help="each contender once in a profiler window; no timing"
     )
-    return ap.parse_args(argv)
+    mode.add_argument(
+        "--accuracy",
+        action="store_true",
+        help="each contender once: its error against float64 references (see above); no timing",
+    )
+    args = ap.parse_args(argv)
+    if args.cases is None:
+        args.cases = ACCURACY_CASES if args.accuracy else DEFAULT_CASES
+    unknown = [c for c in args.cases.split(",") if c not in CASES and c not in LONG_CASES]
+    if unknown:
+        ap.error(f"unknown cases {unknown}; known: {', '.join([*CASES, *LONG_CASES])}")
+    return args
 
 
 def main(argv=None):
@@ -221,14 +298,25 @@ def main(argv=None):
     ratios: dict[str, list[float]] = {}
     for model in args.models.split(","):
         for name in args.cases.split(","):
-            case_pages, specs = CASES[name]
+            case_pages, specs = {**CASES, **LONG_CASES}[name]
             for page in pages:
-                if page in case_pages and args.profile:
+                if page not in case_pages:
+                    continue
+                if args.profile:
                     profile(model, name, specs, page, variants)
-                elif page in case_pages:
-                    for n, r in run(model, name, specs, page, variants, args.rounds).items():
-                        ratios.setdefault(f"{model} {n}", []).append(r)
+                    continue
+                if args.accuracy:
+                    found = accuracy(model, name, specs, page, variants)
+                else:
+                    found = run(model, name, specs, page, variants, args.rounds)
+                for n, r in found.items():
+                    ratios.setdefault(f"{model} {n}", []).append(r)
     if args.profile:
+        return
+    if args.accuracy:
+        print("mean error against the 16-bit values over FA3-fp8's (< 1: closer than FA3-fp8):")
+        for n, rs in ratios.items():
+            print(f"  {n:<70} worst {max(rs):.3f} (of {len(rs)} cases)")
         return
     print("geomean over FA3-fp8's time (> 1: faster than FA3-fp8):")
     for n, rs in ratios.items():

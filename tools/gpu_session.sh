@@ -109,20 +109,23 @@ race_shards() {  # race_shards N LOG ARGS...: racecheck over sanitize_served.py 
 sanitize() {  # compute-sanitizer over every served config (tools/sanitize_served.py), 16-bit
   # and FP8 builds as separate runs (each fits the step's limit; together they may not: one
   # tool a call, e.g. SANITIZE_TOOLS=racewrap, about 4-5 minutes a set on an H100; one set:
-  # SANITIZE_SETS=fp8-only)
-  $PY tools/sanitize_served.py --precompile -j "${SANITIZE_JOBS:-14}" | tail -1
+  # SANITIZE_SETS=fp8-only; a part of a set by shape label: SANITIZE_ONLY='hd256 p16 .*w')
+  local only=()
+  [ -n "${SANITIZE_ONLY:-}" ] && only=(--only "$SANITIZE_ONLY")
+  $PY tools/sanitize_served.py --precompile -j "${SANITIZE_JOBS:-14}" "${only[@]}" | tail -1
   local tool set
   for set in ${SANITIZE_SETS:-no-fp8 fp8-only}; do
     for tool in ${SANITIZE_TOOLS:-memcheck synccheck racecheck racewrap}; do
-      echo "--- $tool --$set"
+      echo "--- $tool --$set ${only[*]}"
       local log="$OUT/sanitize-$tool-$set.log"
       if [ "$tool" = racewrap ]; then  # ring wraps and tile changes: WRAP on 16 CTAs
-        race_shards 16 "$log" --$set --wrap --ctas 16
+        race_shards 16 "$log" --$set --wrap --ctas 16 "${only[@]}"
       elif [ "$tool" = racecheck ]; then  # ~40 s a short batch: the short ones
-        race_shards 12 "$log" --$set --short-only
+        race_shards 12 "$log" --$set --short-only "${only[@]}"
       else
-        local cmd="compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 3 --print-limit 20 $PY tools/sanitize_served.py --$set"
-        { provenance "$cmd"; $cmd 2>&1; } > "$log"
+        local cmd=(compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 3
+          --print-limit 20 $PY tools/sanitize_served.py --$set "${only[@]}")
+        { provenance "${cmd[@]}"; "${cmd[@]}" 2>&1; } > "$log"
         echo "rc=$?"
       fi
       grep -E "ERROR SUMMARY|RACECHECK SUMMARY|wrong|BAD" "$log" | sort | uniq -c

@@ -7,6 +7,7 @@ compute-sanitizer (memcheck, racecheck, synccheck) to watch.
     compute-sanitizer --tool racecheck python tools/sanitize_served.py --short-only --shard 0/8
     compute-sanitizer --tool memcheck python tools/sanitize_served.py --fp8-only   # or --no-fp8
     compute-sanitizer --tool racecheck python tools/sanitize_served.py --wrap --ctas 16 --shard 0/16
+    compute-sanitizer --tool memcheck python tools/sanitize_served.py --only 'hd256 p16 .*w'
 
 The set is ``serving_configs(key).all`` over keys that make different code: head dims 64 /
 128 / 256, pages 16 and 128, both dtypes at head dim 128, the model features (window, soft
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -144,14 +146,18 @@ WRAP = [(70, 1300), (130, 130), (1, 40), (0, 9)]
 PAD_BYTES = 128
 
 
-def _wanted(shape: Shape, fp8: bool | None) -> bool:
-    """``fp8`` None: every shape; True: only FP8 caches; False: only 16-bit ones."""
+def _wanted(shape: Shape, fp8: bool | None, only: str | None = None) -> bool:
+    """``fp8`` None: every shape; True: only FP8 caches; False: only 16-bit ones. ``only``: a
+    regular expression the shape's label must contain a match of (``re.search``), e.g.
+    ``hd256 p16 .*w`` for head dim 256's windowed page-16 shapes."""
+    if only is not None and not re.search(only, shape.label):
+        return False
     return fp8 is None or (shape.kv_dtype is not None) == fp8
 
 
-def shapes(fp8: bool | None = None) -> tuple[Shape, ...]:
-    """SHAPES, filtered by ``fp8`` (``_wanted``)."""
-    return tuple(s for s in SHAPES if _wanted(s, fp8))
+def shapes(fp8: bool | None = None, only: str | None = None) -> tuple[Shape, ...]:
+    """SHAPES, filtered by ``fp8`` and ``only`` (``_wanted``)."""
+    return tuple(s for s in SHAPES if _wanted(s, fp8, only))
 
 
 def padded_layout(shape: Shape):
@@ -174,9 +180,11 @@ def served(shape: Shape) -> list[tuple[KernelConfig, bool]]:
     return sorted(configs, key=lambda cp: (cp[0].spec, cp[1]))
 
 
-def pairs(fp8: bool | None = None) -> Iterator[tuple[str, KernelKey, KernelConfig, bool]]:
+def pairs(
+    fp8: bool | None = None, only: str | None = None
+) -> Iterator[tuple[str, KernelKey, KernelConfig, bool]]:
     """(label, key, config, padded) of every run, without a GPU (``runs`` minus the cases)."""
-    for shape in shapes(fp8):
+    for shape in shapes(fp8, only):
         for config, pad in served(shape):
             yield shape.label, shape.key, config, pad
 
@@ -220,10 +228,11 @@ def _padded_views(case, pad_bytes: int):
     return split_kv_cache(phys.permute(0, 2, 1, 3), case.head_dim)
 
 
-def runs(batches=(SHORT, LONG), fp8: bool | None = None):
-    """(label, key, config, case, padded) for every served config on each shape."""
+def runs(batches=(SHORT, LONG), fp8: bool | None = None, only: str | None = None):
+    """(label, key, config, case, padded) for every served config on each shape (each
+    shape's seed is its place in SHAPES, whatever the filters)."""
     for i, shape in enumerate(SHAPES):
-        if not _wanted(shape, fp8):
+        if not _wanted(shape, fp8, only):
             continue
         configs = served(shape)
         for case in _cases(shape, 100 + i, batches):
@@ -240,14 +249,14 @@ def _cap_persistent_grid(ctas: int) -> None:
     launch._SM_COUNT[torch.device("cuda", torch.cuda.current_device())] = ctas
 
 
-def precompile(fp8: bool | None, workers: int) -> int:
+def precompile(fp8: bool | None, workers: int, only: str | None = None) -> int:
     """Fill the disk cache with every (key, config) of the set, ``workers`` compiles at once
     (tools/precompile.py's pool; one process compiling them in turn takes about 6 minutes of
     a GPU session). The runs launch without LSE, as compile_keys builds them."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from precompile import build_all
 
-    todo = list(dict.fromkeys((key, config, False) for _, key, config, _ in pairs(fp8)))
+    todo = list(dict.fromkeys((key, config, False) for _, key, config, _ in pairs(fp8, only)))
     wall = build_all(todo, workers)
     print(f"compiled {len(todo)} (key, config) pairs, 0 wrong, {wall:.0f} s")
     return 0
@@ -282,9 +291,17 @@ def main(argv=None) -> int:
     kv.add_argument(
         "--no-fp8", dest="fp8", action="store_const", const=False, help="only 16-bit caches"
     )
+    ap.add_argument(
+        "--only",
+        metavar="REGEX",
+        help="only the shapes whose label (as printed, e.g. 'bfloat16 hd256 p16 16/8 w4095 "
+        "cap50') contains a match of REGEX",
+    )
     args = ap.parse_args(argv)
+    if args.only is not None and not shapes(args.fp8, args.only):
+        ap.error(f"--only {args.only!r} matches no shape: {[s.label for s in shapes(args.fp8)]}")
     if args.precompile and args.j > 1:
-        return precompile(args.fp8, args.j)
+        return precompile(args.fp8, args.j, args.only)
     index, shards = (int(x) for x in args.shard.split("/"))
     os.environ["VLLM_FA4_PREFILL_ROUTE"] = "kernel"
     from vllm_fa4.kernels.compile import compile_keys
@@ -294,7 +311,7 @@ def main(argv=None) -> int:
         _cap_persistent_grid(args.ctas)
     seen, bad, count, t0 = set(), 0, 0, time.perf_counter()
     batches = (WRAP,) if args.wrap else (SHORT,) if args.short_only else (SHORT, LONG)
-    for n, (label, key, config, case, pad) in enumerate(runs(batches, args.fp8)):
+    for n, (label, key, config, case, pad) in enumerate(runs(batches, args.fp8, args.only)):
         if n % shards != index:
             continue
         if (key, config) not in seen:

@@ -140,3 +140,23 @@ def test_every_served_config_runs_under_the_sanitizers(fp8):
     served = {(k.head_dim, c) for k, c in served_configs() if k.fp8_kv == fp8}
     ran = {(k.head_dim, c) for _, k, c, padded in tool.pairs(fp8) if not padded}
     assert sorted((d, c.spec) for d, c in served - ran) == []
+
+
+def test_only_narrows_the_set_to_matching_labels():
+    """--only REGEX: a part of the set by label (e.g. one key's rows after a policy change),
+    with the --fp8-only / --no-fp8 filters on top; a REGEX that matches nothing is refused."""
+    local = tool.shapes(only=r"hd256 p16 .*w")
+    assert [s.label for s in local] == [
+        "bfloat16 hd256 p16 16/8 w4095 cap50",
+        "bfloat16 hd256 p16 16/8 w4095 cap50 fp8",
+    ]
+    assert tool.shapes(fp8=False, only=r"hd256 p16 .*w") == local[:1]
+    runs = list(tool.pairs(fp8=True, only=r"hd128 p(16|128) 32/8 fp8$"))
+    assert {label for label, *_ in runs} == {
+        "bfloat16 hd128 p16 32/8 fp8",
+        "float16 hd128 p16 32/8 fp8",
+        "bfloat16 hd128 p128 32/8 fp8",
+    }
+    with pytest.raises(SystemExit) as refused:
+        tool.main(["--only", "hd512"])
+    assert refused.value.code == 2
