@@ -175,6 +175,9 @@ for s in "$@"; do
       --backends FLASH_ATTN,FA4-fp8,FLASH_ATTN-fp8 --out $OUT/smollm2-fp8 ;;
     fp8ab) TAIL=40 step fp8-ab 300 $PY benchmarks/fp8_ab.py --rounds 2 \
       --cases "'${FP8_CASES:-4kx4,16kx1,2k@64k}'" ;;
+    # issue 30: each contender's error against float64 references at 32k-128k keys
+    fp8acc) TAIL=40 step fp8-accuracy 420 $PY benchmarks/fp8_ab.py --accuracy \
+      --models "${FP8_MODELS:-llama-3.1-8b,gemma-2-9b}" --pages 16 ;;
     serve) TAIL=60 step serve 420 serve_check ;;
     # FlashInfer JIT-builds its sampling module (~95 s, 16 cores) the first time any vLLM
     # server samples on a fresh machine (docs/reliability.md); build it once, outside the
