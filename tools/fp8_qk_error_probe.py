@@ -13,6 +13,11 @@ Variants:
   hybrid    Q in e4m3 with a per-row scale (row amax / 448), S from e4m3 x e4m3, P V as today
   hybrid14  hybrid with each 32-term partial sum of S rounded to 14 significant bits (a
             pessimistic model of Hopper's FP8 wgmma accumulator)
+  split     Q split into two e4m3 halves under a power-of-two per-row scale p (hi = e4m3(q/p),
+            lo = e4m3(q/p - hi): bf16's 8 significant bits are two e4m3's 4), S = p (hi K^T +
+            lo K^T) from two e4m3 x e4m3 GEMMs (together one fp16 GEMM's tensor time), P V as
+            today (session 10's FP8 SASS report, docs/results/2026-11-27/sass-fp8-hd128-p128)
+  split14   split with each 32-term partial sum of each half rounded to 14 significant bits
   fa3fp8    vLLM's FA3 FP8 path as modelled here: Q in e4m3 with scale 1.0, P in e4m3 for P V
 """
 
@@ -69,6 +74,18 @@ def variants(q, k8, k_scale, v8, v_scale, scale):
         round_bits(q8_row[:, c : c + 32] @ k8[:, c : c + 32].T, 14) for c in range(0, d, 32)
     )
     out["hybrid14"] = attend(scale * k_scale * row_scale * partial, v8, v_scale, fp16)
+    # A power-of-two row scale keeps q / p exact, so hi + lo is q / p itself wherever lo is
+    # an e4m3 normal (all but a row's entries below ~2^-15 of its largest).
+    p2 = torch.exp2(torch.ceil(torch.log2(row_scale)))
+    hi = e4m3(q / p2)
+    lo = e4m3(q / p2 - hi)
+    out["split"] = attend(scale * k_scale * p2 * ((hi + lo) @ k8.T), v8, v_scale, fp16)
+    chains = sum(
+        round_bits(half[:, c : c + 32] @ k8[:, c : c + 32].T, 14)
+        for half in (hi, lo)
+        for c in range(0, d, 32)
+    )
+    out["split14"] = attend(scale * k_scale * p2 * chains, v8, v_scale, fp16)
     out["fa3fp8"] = attend(scale * k_scale * (e4m3(q) @ k8.T), v8, v_scale, e4m3)
     return out
 
