@@ -61,6 +61,7 @@ LONG_CASES = {
     "512@128k": ((16, 128), [(512, 131072 + 512)]),
 }
 ACCURACY_CASES = "512@32k,512@128k,2k@64k"
+ALL_CASES = {**CASES, **LONG_CASES}
 
 
 def _build(entry) -> None:
@@ -125,11 +126,18 @@ def fa3_fp8_call(case, out):
     return fn
 
 
+def sixteen_bit_source(case):
+    """The fp8 case's seed without ``fp8_kv``: the 16-bit values its e4m3 cache holds rounded
+    (same pages, q, NaN slots)."""
+    c = case
+    return make_paged_case(
+        c.specs, c.num_q_heads, c.num_kv_heads, c.head_dim, c.page_size, DT, "cuda", seed=0
+    )
+
+
 def bf16_twin(case):
     """A bf16 case with the fp8 case's dequantized values (same pages, q, NaN slots)."""
-    twin = make_paged_case(
-        case.specs, case.num_q_heads, case.num_kv_heads, case.head_dim, case.page_size, DT, "cuda"
-    )
+    twin = sixteen_bit_source(case)
     twin.kv_cache.copy_(case.dequantized_kv_cache().to(DT))
     return twin
 
@@ -194,12 +202,8 @@ def accuracy(model, name, specs, page, fp8_variants) -> dict[str, float]:
     """Each contender once on the case; prints its errors against both float64 references
     and returns, per contender, its mean error against the 16-bit values over FA3-fp8's."""
     case = make_case(model, specs, page)
-    shape = MODELS[model]
-    hq, hkv, hd = shape.num_q_heads, shape.num_kv_heads, shape.head_dim
-    # The same seed without fp8_kv: the 16-bit values the e4m3 cache holds rounded.
-    source = make_paged_case(specs, hq, hkv, hd, page, DT, "cuda", seed=0)
     ref_fp8, _ = case.reference(compute_dtype=torch.float64)
-    ref_16, _ = source.reference(compute_dtype=torch.float64)
+    ref_16, _ = sixteen_bit_source(case).reference(compute_dtype=torch.float64)
     found = {}
     for n, fn in contenders(case, fp8_variants).items():
         out = fn()
@@ -246,7 +250,7 @@ def parse_args(argv=None):
     ap.add_argument(
         "--cases",
         default=None,
-        help=f"of: {', '.join([*CASES, *LONG_CASES])} (default: {DEFAULT_CASES}; with "
+        help=f"of: {', '.join(ALL_CASES)} (default: {DEFAULT_CASES}; with "
         f"--accuracy {ACCURACY_CASES})",
     )
     ap.add_argument("--rounds", type=int, default=3)
@@ -275,9 +279,9 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if args.cases is None:
         args.cases = ACCURACY_CASES if args.accuracy else DEFAULT_CASES
-    unknown = [c for c in args.cases.split(",") if c not in CASES and c not in LONG_CASES]
+    unknown = [c for c in args.cases.split(",") if c not in ALL_CASES]
     if unknown:
-        ap.error(f"unknown cases {unknown}; known: {', '.join([*CASES, *LONG_CASES])}")
+        ap.error(f"unknown cases {unknown}; known: {', '.join(ALL_CASES)}")
     return args
 
 
@@ -298,7 +302,7 @@ def main(argv=None):
     ratios: dict[str, list[float]] = {}
     for model in args.models.split(","):
         for name in args.cases.split(","):
-            case_pages, specs = {**CASES, **LONG_CASES}[name]
+            case_pages, specs = ALL_CASES[name]
             for page in pages:
                 if page not in case_pages:
                     continue

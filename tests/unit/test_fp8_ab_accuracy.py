@@ -30,7 +30,7 @@ def test_accuracy_defaults_to_the_long_contexts_and_refuses_unknown_cases():
     args = fp8_ab.parse_args(["--accuracy"])
     assert args.cases == fp8_ab.ACCURACY_CASES
     for name in args.cases.split(","):
-        pages, specs = {**fp8_ab.CASES, **fp8_ab.LONG_CASES}[name]
+        pages, specs = fp8_ab.ALL_CASES[name]
         assert max(k for _, k in specs) >= 32768 and 16 in pages
     assert fp8_ab.parse_args([]).cases == fp8_ab.DEFAULT_CASES
     with pytest.raises(SystemExit):
