@@ -41,6 +41,7 @@ MODELS: dict[str, ModelShape] = {
         ModelShape("llama-3.1-70b-tp8", 8, 1, 128),
         ModelShape("gpt-oss-20b", 64, 8, 64),  # heads only; window and sinks: variants_ab flags
         ModelShape("gemma-2-9b", 16, 8, 256),  # heads only; window and soft cap: the same
+        ModelShape("opt-1.3b", 32, 32, 64),  # head dim 64 without GQA (one query head a KV head)
     )
 }
 
