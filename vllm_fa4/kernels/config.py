@@ -245,21 +245,7 @@ class Epilogue(Enum):
     STAGED = "staged_epilogue"
 
 
-class Experiment(Enum):
-    """A build measured against its own base in one process (2026-11-27, session 11), removed
-    once decided (docs/perf-notes.md): nothing serves it."""
-
-    NONE = "no_experiment"
-    # P's packing kept before the next turn's P V issue in every overlapped step (as
-    # `pv_wait_mid` does), so P V is one wgmma batch at 80-key blocks, not five.
-    P_FENCE = "p_fence"
-    # fp8 cache, benchmark only: each converter lane loads each staged piece a second time
-    # (a volatile load, discarded): +32 KB of shared-memory reads a block, the test of the
-    # shared-memory-bytes hypothesis for the FP8 kernel at page 128.
-    FP8_DOUBLE_LOAD = "fp8_double_load"
-
-
-AXES = (Tiles, BlockStep, QLoad, KvBox, PageRead, Epilogue, Experiment)
+AXES = (Tiles, BlockStep, QLoad, KvBox, PageRead, Epilogue)
 _BY_SPELLING = {member.value: member for axis in AXES for member in axis}
 
 
@@ -302,7 +288,6 @@ class KernelConfig:
     # thread adds 1 to its tile's cost column of work_tiles after the tile's epilogue, so a
     # test can check each tile ran exactly once (tests/gpu/test_tile_scheduler.py).
     count_visits: bool = False
-    experiment: Experiment = Experiment.NONE
 
     @classmethod
     def parse(cls, spec: str) -> KernelConfig:
@@ -341,15 +326,7 @@ class KernelConfig:
         """The spelling ``parse`` reads back (count_visits, test-only, is never spelled)."""
         default = KernelConfig()
         parts = [self.tiles.value, self.block_step.value]
-        for name in (
-            "q_load",
-            "v_warp",
-            "kv_box",
-            "page_read",
-            "epilogue",
-            "lazy_max",
-            "experiment",
-        ):
+        for name in ("q_load", "v_warp", "kv_box", "page_read", "epilogue", "lazy_max"):
             value = getattr(self, name)
             if value != getattr(default, name):
                 parts.append(name if value is True else value.value)
@@ -386,8 +363,6 @@ class KernelConfig:
             reason = self._block_n_unsupported_reason(key)
             if reason is not None:
                 return reason
-        if self.experiment is Experiment.FP8_DOUBLE_LOAD and not key.fp8_kv:
-            return "'fp8_double_load' without an fp8 KV cache"
         if key.fp8_kv:
             reason = self._fp8_unsupported_reason()
             if reason is not None:
@@ -501,7 +476,6 @@ _FIELD_OF = {
     KvBox: "kv_box",
     PageRead: "page_read",
     Epilogue: "epilogue",
-    Experiment: "experiment",
 }
 
 

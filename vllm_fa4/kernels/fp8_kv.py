@@ -75,7 +75,6 @@ class Converter:
     lane: Int32
     rank: Int32
     warps: int
-    double_load: bool = False  # config.Experiment.FP8_DOUBLE_LOAD (benchmark only)
 
 
 def _warp_copy(dtype):
@@ -100,22 +99,6 @@ def load_piece(src, src_units):
     raw = cute.make_rmem_tensor(cute.make_layout(VEC), src.dtype)
     cute.autovec_copy(cute.make_tensor(src + src_units[0], cute.make_layout(VEC)), raw)
     return raw
-
-
-@dsl_user_op
-def discarded_load(src, src_units, *, loc=None, ip=None) -> None:
-    """A second, volatile 16-byte load of load_piece's piece, its value discarded
-    (Experiment.FP8_DOUBLE_LOAD): the load stays, so shared memory reads the piece twice."""
-    addr = (src + src_units[0]).toint(loc=loc, ip=ip)
-    llvm.inline_asm(
-        None,
-        [addr.ir_value(loc=loc, ip=ip)],
-        "{.reg .b32 a, b, c, d; ld.volatile.shared.v4.b32 {a, b, c, d}, [$0];}",
-        "r",
-        has_side_effects=True,
-        loc=loc,
-        ip=ip,
-    )
 
 
 @cute.jit
@@ -213,7 +196,7 @@ def warp_pieces(groups: int, chunks: int, warps: int) -> tuple[list, list]:
 
 
 @cute.jit
-def _convert_pieces(t_src, t_dst, src_units, dst_units, pieces, row0, double_load=False):
+def _convert_pieces(t_src, t_dst, src_units, dst_units, pieces, row0):
     """``pieces`` ((group, chunk), static; group counted from ``row0``), LOAD_BATCH loads
     before their stores."""
     for first in cutlass.range_constexpr(0, len(pieces), LOAD_BATCH):
@@ -222,8 +205,6 @@ def _convert_pieces(t_src, t_dst, src_units, dst_units, pieces, row0, double_loa
         for b in cutlass.range_constexpr(len(batch)):
             m, k = batch[b]
             store_piece(raws[b], t_dst[None, row0 + m, k].iterator, dst_units)
-            if cutlass.const_expr(double_load):
-                discarded_load(t_src[None, row0 + m, k].iterator, src_units)
 
 
 @cute.jit
@@ -237,11 +218,11 @@ def convert_tile(src: cute.Tensor, dst: cute.Tensor, me: Converter):
     t_src, src_units = _lane_pieces(src, copy_in, me.lane)
     t_dst, dst_units = _lane_pieces(dst, copy_out, me.lane)
     shared, rest = warp_pieces(cute.size(t_src, mode=[1]), cute.size(t_src, mode=[2]), me.warps)
-    _convert_pieces(t_src, t_dst, src_units, dst_units, shared, me.rank, me.double_load)
+    _convert_pieces(t_src, t_dst, src_units, dst_units, shared, me.rank)
     for rank in cutlass.range_constexpr(me.warps):
         if cutlass.const_expr(len(rest[rank]) > 0):
             if me.rank == rank:
-                _convert_pieces(t_src, t_dst, src_units, dst_units, rest[rank], 0, me.double_load)
+                _convert_pieces(t_src, t_dst, src_units, dst_units, rest[rank], 0)
 
 
 @cute.jit

@@ -42,7 +42,6 @@ from vllm_fa4.kernels.config import (
     KV_STAGES,
     BlockStep,
     Epilogue,
-    Experiment,
     KernelConfig,
     KernelKey,
     KvBox,
@@ -262,7 +261,6 @@ class Sm90PagedPrefill:
         self.queue_work = cfg.tiles is Tiles.QUEUE_WITH_WORK
         self.overlap = cfg.block_step is not BlockStep.SERIAL
         self.pv_wait_mid = cfg.block_step is BlockStep.OVERLAP_PV_WAIT_MID
-        self.p_fence = cfg.experiment is Experiment.P_FENCE
         self.wide_box = cfg.kv_box is KvBox.WIDE
         self.pages_ahead = cfg.page_read is PageRead.BLOCK_AHEAD
         self.staged_epilogue = cfg.epilogue is Epilogue.STAGED
@@ -687,12 +685,7 @@ class Sm90PagedPrefill:
         tidx, _, _ = cute.arch.thread_idx()
         first = self.converter_warps[0]
         rank = cute.arch.make_warp_uniform(cute.arch.warp_idx()) - first
-        me = Converter(
-            tidx % 32,
-            rank,
-            len(self.converter_warps),
-            self.cfg.experiment is Experiment.FP8_DOUBLE_LOAD,
-        )
+        me = Converter(tidx % 32, rank, len(self.converter_warps))
         n_count = work.n_block_max - work.n_block_min
         if cutlass.const_expr(self.overlap):
             if n_count > 0:
@@ -1488,7 +1481,7 @@ class Sm90PagedPrefill:
         else:
             self.rescale_o(g.acc_O, row_scale)
         g.tOrP.store(acc_as_operand_a(acc_S).load().to(self.mma_dtype))
-        if cutlass.const_expr(self.pv_wait_mid or self.p_fence):
+        if cutlass.const_expr(self.pv_wait_mid):
             computed_here(g.tOrP)
         state.advance()
         state_v.advance()
