@@ -245,7 +245,18 @@ class Epilogue(Enum):
     STAGED = "staged_epilogue"
 
 
-AXES = (Tiles, BlockStep, QLoad, KvBox, PageRead, Epilogue)
+class Fp8Qk(Enum):
+    """How S = Q K^T reads an fp8 cache's K (fp8_kv.py)."""
+
+    # The converter warps turn K into fp16 as they do V; Q is converted to fp16 once a tile.
+    CONVERTED_K = "k_converted"
+    # FP8 wgmma straight from the staged e4m3 K, with Q split once a tile into two e4m3 halves
+    # under a power-of-two row scale (hi + lo = Q; fp8_kv.split_q_rows): the converters
+    # convert only V, and K's 16-bit stages and their shared-memory traffic go away.
+    SPLIT_Q = "fp8_qk"
+
+
+AXES = (Tiles, BlockStep, QLoad, KvBox, PageRead, Epilogue, Fp8Qk)
 _BY_SPELLING = {member.value: member for axis in AXES for member in axis}
 
 
@@ -288,6 +299,7 @@ class KernelConfig:
     # thread adds 1 to its tile's cost column of work_tiles after the tile's epilogue, so a
     # test can check each tile ran exactly once (tests/gpu/test_tile_scheduler.py).
     count_visits: bool = False
+    fp8_qk: Fp8Qk = Fp8Qk.CONVERTED_K
 
     @classmethod
     def parse(cls, spec: str) -> KernelConfig:
@@ -326,7 +338,15 @@ class KernelConfig:
         """The spelling ``parse`` reads back (count_visits, test-only, is never spelled)."""
         default = KernelConfig()
         parts = [self.tiles.value, self.block_step.value]
-        for name in ("q_load", "v_warp", "kv_box", "page_read", "epilogue", "lazy_max"):
+        for name in (
+            "q_load",
+            "v_warp",
+            "kv_box",
+            "page_read",
+            "epilogue",
+            "lazy_max",
+            "fp8_qk",
+        ):
             value = getattr(self, name)
             if value != getattr(default, name):
                 parts.append(name if value is True else value.value)
@@ -367,6 +387,10 @@ class KernelConfig:
             reason = self._fp8_unsupported_reason()
             if reason is not None:
                 return reason
+        if self.fp8_qk is Fp8Qk.SPLIT_Q:
+            reason = self._split_q_unsupported_reason(key)
+            if reason is not None:
+                return reason
         smem = self._smem_bytes(key, max(self.staging_stages(key), key.fp8_kv))
         if smem > SMEM_BYTES - 1024:  # keep 1 KB for the mbarriers and alignment
             q_stages = self.q_stages
@@ -401,13 +425,33 @@ class KernelConfig:
             return "'q_prefetch' with an fp8 KV cache"
         return None
 
+    def _split_q_unsupported_reason(self, key: KernelKey) -> str | None:
+        """What `fp8_qk` is not built for (measured at head dim 128 only)."""
+        if not key.fp8_kv:
+            return "'fp8_qk' without an fp8 KV cache"
+        if key.head_dim != 128:
+            return f"'fp8_qk' at head dim {key.head_dim} (built for head dim 128)"
+        if key.softcap:
+            # the cap needs S itself before the mask; the row scale rides in scale_log2
+            return "'fp8_qk' with a soft cap"
+        if self.q_load is not QLoad.CP_ASYNC:
+            return f"'fp8_qk' with {self.q_load.value!r} (Q is split after its cp.async load)"
+        if self.staging_stages(key) != KV_STAGES:
+            # the producer issues K's ring and V's staging ring with one pipeline state
+            return f"'fp8_qk' with {self.staging_stages(key)} fp8 staging stages"
+        return None
+
     def _smem_bytes(self, key: KernelKey, staging_stages: int) -> int:
-        """Q's stages and the K/V stages (16-bit), plus the fp8 staging ring (1 byte each)."""
+        """Q's stages and the K/V stages (16-bit), plus the fp8 staging ring (1 byte each);
+        with `fp8_qk` K's stages are fp8, only V is staged, and Q's split halves and row
+        scales come on top."""
         geo = self.geometry(key)
         kv_tile = geo.tile_n * key.head_dim  # elements of one K or V tile
-        return 2 * (self.q_stages * geo.tile_m * key.head_dim + 2 * kv_tile * KV_STAGES) + (
-            2 * kv_tile * staging_stages
-        )
+        q_bytes = 2 * self.q_stages * geo.tile_m * key.head_dim
+        if self.fp8_qk is Fp8Qk.SPLIT_Q and key.fp8_kv:
+            split_q = 2 * geo.tile_m * key.head_dim + 4 * geo.tile_m
+            return q_bytes + split_q + kv_tile * (KV_STAGES + 2 * KV_STAGES + staging_stages)
+        return q_bytes + 2 * 2 * kv_tile * KV_STAGES + 2 * kv_tile * staging_stages
 
     def staging_stages(self, key: KernelKey) -> int:
         """fp8 cache: slots of the fp8 staging ring per tensor, 2 where shared memory allows
@@ -476,6 +520,7 @@ _FIELD_OF = {
     KvBox: "kv_box",
     PageRead: "page_read",
     Epilogue: "epilogue",
+    Fp8Qk: "fp8_qk",
 }
 
 

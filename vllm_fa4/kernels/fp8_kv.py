@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-from cutlass import Int32
+from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -48,6 +48,75 @@ def e4m3_pair(word: Int32, high: bool, *, loc=None, ip=None) -> Int32:
         ip=ip,
     )
     return Int32(out)
+
+
+# `fp8_qk` (config.Fp8Qk.SPLIT_Q): Q's split. With a power-of-two row scale p putting the row's
+# largest |q| / p in [128, 256), hi = e4m3(q / p) keeps a bf16 value's top 4 significant bits
+# and lo = e4m3(q / p - hi) the next 4, so hi + lo = q / p exactly for every element above
+# about 2^-11 of its row's largest (e4m3's subnormals end at 2^-9), and p (hi K^T + lo K^T) is
+# S up to the FP8 GEMM's accumulation (tools/fp8_qk_error_probe.py: `split`).
+SPLIT_PAIR_ASM = (
+    "{.reg .b16 h, l; .reg .b32 hf; .reg .f16 a0, a1; .reg .f32 f0, f1, r0, r1; "
+    "cvt.rn.satfinite.e4m3x2.f32 h, $2, $1; cvt.rn.f16x2.e4m3x2 hf, h; mov.b32 {a0, a1}, hf; "
+    "cvt.f32.f16 f0, a0; cvt.f32.f16 f1, a1; sub.f32 r0, $1, f0; sub.f32 r1, $2, f1; "
+    "cvt.rn.satfinite.e4m3x2.f32 l, r1, r0; mov.b32 $0, {h, l};}"
+)
+
+
+@dsl_user_op
+def split_pair(x0, x1, *, loc=None, ip=None) -> Int32:
+    """Two scaled Q values -> one word: their e4m3 hi pair (low 16 bits, x0 in the low byte)
+    and their e4m3 lo pair (high 16 bits)."""
+    out = llvm.inline_asm(
+        T.i32(),
+        [Float32(x0).ir_value(loc=loc, ip=ip), Float32(x1).ir_value(loc=loc, ip=ip)],
+        SPLIT_PAIR_ASM,
+        "=r,f,f",
+        loc=loc,
+        ip=ip,
+    )
+    return Int32(out)
+
+
+@dsl_user_op
+def halves(w01: Int32, w23: Int32, high: bool, *, loc=None, ip=None) -> Int32:
+    """Four elements' hi (or, ``high``, lo) bytes from two split_pair words, in order."""
+    selector = "0x7632" if high else "0x5410"
+    out = llvm.inline_asm(
+        T.i32(),
+        [Int32(w01).ir_value(loc=loc, ip=ip), Int32(w23).ir_value(loc=loc, ip=ip)],
+        f"prmt.b32 $0, $1, $2, {selector};",
+        "=r,r,r",
+        loc=loc,
+        ip=ip,
+    )
+    return Int32(out)
+
+
+def row_scale_asm(inverse: bool) -> str:
+    """The PTX of row_scale_pow2: the max's biased exponent e clamped to [8, 254], then
+    1/p's exponent field 261 - e or p's e - 7."""
+    field = "sub.u32 e, 261, e;" if inverse else "sub.u32 e, e, 7;"
+    return (
+        "{.reg .b32 e; mov.b32 e, $1; bfe.u32 e, e, 23, 8; max.u32 e, e, 8; min.u32 e, e, 254; "
+        f"{field} shl.b32 e, e, 23; mov.b32 $0, e;}}"
+    )
+
+
+@dsl_user_op
+def row_scale_pow2(amax, inverse: bool, *, loc=None, ip=None) -> Float32:
+    """1/p (``inverse``) or p for a row whose largest |q| is ``amax``: p = 2^(e - 7) for the
+    max's biased exponent e, clamped so that zero, subnormal, inf and NaN maxima still give
+    a finite normal p."""
+    out = llvm.inline_asm(
+        T.f32(),
+        [Float32(amax).ir_value(loc=loc, ip=ip)],
+        row_scale_asm(inverse),
+        "=f,f",
+        loc=loc,
+        ip=ip,
+    )
+    return Float32(out)
 
 
 def converter_warps(v_warp: bool) -> tuple[int, ...]:

@@ -42,6 +42,7 @@ from vllm_fa4.kernels.config import (
     KV_STAGES,
     BlockStep,
     Epilogue,
+    Fp8Qk,
     KernelConfig,
     KernelKey,
     KvBox,
@@ -50,7 +51,15 @@ from vllm_fa4.kernels.config import (
     Tiles,
 )
 from vllm_fa4.kernels.epilogue import write_output
-from vllm_fa4.kernels.fp8_kv import Converter, KvStaging, convert_block, converter_warps
+from vllm_fa4.kernels.fp8_kv import (
+    Converter,
+    KvStaging,
+    convert_block,
+    converter_warps,
+    halves,
+    row_scale_pow2,
+    split_pair,
+)
 from vllm_fa4.kernels.mask import apply_causal_mask
 from vllm_fa4.kernels.paged_kv import (
     D_CHUNK,
@@ -96,13 +105,16 @@ def _wgmma(
     zero_init: cutlass.Constexpr[bool],
     wait: cutlass.Constexpr[int],
 ):
-    """Issue one warpgroup GEMM over all k16 slices; wait < 0 leaves it in flight."""
+    """Issue one warpgroup GEMM over all k slices; wait < 0 leaves it in flight. `tA` may be
+    a tuple of A operands (`fp8_qk`'s Q halves): their products accumulate, one group."""
     warpgroup.fence()
     atom = cute.make_mma_atom(tiled_mma.op)
     atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-    for k in cutlass.range_constexpr(cute.size(tA.shape[2])):
-        cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)
-        atom.set(warpgroup.Field.ACCUMULATE, True)
+    parts = tA if isinstance(tA, tuple) else (tA,)
+    for k in cutlass.range_constexpr(cute.size(parts[0].shape[2])):
+        for part in parts:  # hi then lo on the same K slice
+            cute.gemm(atom, acc, part[None, None, k], tB[None, None, k], acc)
+            atom.set(warpgroup.Field.ACCUMULATE, True)
     warpgroup.commit_group()
     if cutlass.const_expr(wait >= 0):
         warpgroup.wait_group(wait)
@@ -187,6 +199,7 @@ class ConsumerArgs(NamedTuple):
     tidx: Int32  # the thread's index among the consumer threads
     o_scale: Optional[Float32]  # an fp8 cache's v_scale, applied to O (else None)
     sQ_mma: Optional[cute.Tensor]  # `q_converts`: sQ typed as the GEMMs read it (else None)
+    q_split: Optional[tuple]  # `fp8_qk`: (sQ8 (tile_m, D, 2) e4m3 halves, row scales)
 
 
 class SoftmaxArgs(NamedTuple):
@@ -210,7 +223,7 @@ class BlockGemms:
     mma_qk: cute.TiledMma
     mma_pv: cute.TiledMma
     thr_pv: cute.TiledMma  # this thread's slice of mma_pv (the epilogue's O coordinates)
-    tSrQ: cute.Tensor  # (...) or with `q_tma` (..., q stage)
+    tSrQ: object  # (...), with `q_tma` (..., q stage), with `fp8_qk` (hi, lo)
     tSrK: cute.Tensor  # (..., kv stage)
     tOrVt: cute.Tensor  # (..., kv stage)
     tOrP: cute.Tensor
@@ -247,7 +260,11 @@ class Sm90PagedPrefill:
         self.mma_dtype = self.dtype
         if key.fp8_kv and self.dtype is cutlass.BFloat16:
             self.mma_dtype = cutlass.Float16
-        self.q_converts = self.mma_dtype is not self.dtype
+        # `fp8_qk`: S = Q K^T on FP8 wgmma from the staged e4m3 K; Q split into two e4m3
+        # halves once a tile (split_q), K never converted.
+        self.fp8_qk = key.fp8_kv and cfg.fp8_qk is Fp8Qk.SPLIT_Q
+        self.qk_dtype = self.cache_dtype if self.fp8_qk else self.mma_dtype
+        self.q_converts = self.mma_dtype is not self.dtype and not self.fp8_qk
         self.staging_stages = cfg.staging_stages(key)
         self.load_stages = self.staging_stages or KV_STAGES
         self.converter_warps = converter_warps(cfg.v_warp) if key.fp8_kv else ()
@@ -298,10 +315,11 @@ class Sm90PagedPrefill:
         view = slot_view(mX, self.box_n, boxes_per_block)
         return cpasync.make_tiled_tma_atom(tma_op, view, box_layout, coords.shape)
 
-    def _storage_cls(self, sQ_layout, sK_layout, sV_layout, staging_layout=None):
+    def _storage_cls(self, sQ_layout, sK_layout, sV_layout, staging_layout=None, sQ8_layout=None):
         """The shared-memory struct: mbarriers (K, V, then the tile queue's, Q's and the fp8
         staging rings' where the kernel has them) in the first 1 KB, then sQ, sK, sV (and the
-        fp8 sK8, sV8) on 1 KB boundaries."""
+        fp8 sK8, sV8; with `fp8_qk` sK is fp8, there is no sK8, and Q's halves sQ8 and row
+        scales q_row_scale follow) on 1 KB boundaries."""
         dt, stages = self.dtype, self.stages
         mem, align = cute.struct.MemRange, cute.struct.Align
         fields = {
@@ -314,15 +332,20 @@ class Sm90PagedPrefill:
             fields["queue_slots"] = mem[cutlass.Int32, TILE_QUEUE_STAGES * words]
         if self.q_tma:
             fields["mbar_q_empty"] = mem[cutlass.Int64, self.cfg.q_stages]
+        staged = ("sV8",) if self.fp8_qk else ("sK8", "sV8")
         if self.fp8_kv:
-            fields["mbar_k8"] = mem[cutlass.Int64, self.staging_stages * 2]
-            fields["mbar_v8"] = mem[cutlass.Int64, self.staging_stages * 2]
+            for name in staged:
+                fields["mbar_" + name[1:].lower()] = mem[cutlass.Int64, self.staging_stages * 2]
         fields["sQ"] = align[mem[dt, cute.cosize(sQ_layout)], 1024]
-        for name, layout in (("sK", sK_layout), ("sV", sV_layout)):
-            fields[name] = align[mem[self.mma_dtype, cute.cosize(layout)], 1024]
+        k_dtype = self.cache_dtype if self.fp8_qk else self.mma_dtype
+        for name, layout, dtype in (("sK", sK_layout, k_dtype), ("sV", sV_layout, self.mma_dtype)):
+            fields[name] = align[mem[dtype, cute.cosize(layout)], 1024]
         if self.fp8_kv:
-            for name in ("sK8", "sV8"):
+            for name in staged:
                 fields[name] = align[mem[self.cache_dtype, cute.cosize(staging_layout)], 1024]
+        if self.fp8_qk:
+            fields["sQ8"] = align[mem[self.cache_dtype, cute.cosize(sQ8_layout)], 1024]
+            fields["q_row_scale"] = align[mem[Float32, self.tile_m], 16]
         return cute.struct(type("Storage", (), {"__annotations__": fields}))
 
     def qk_mma(self, n: int):
@@ -331,7 +354,7 @@ class Sm90PagedPrefill:
         major = cute.nvgpu.OperandMajorMode.K
         wgs = (self.cfg.mma_wgs, 1, 1)
         return sm90_utils.make_trivial_tiled_mma(
-            self.mma_dtype, self.mma_dtype, major, major, Float32, wgs, (64, n)
+            self.qk_dtype, self.qk_dtype, major, major, Float32, wgs, (64, n)
         )
 
     def q_boxes_in_tile(self):
@@ -385,14 +408,22 @@ class Sm90PagedPrefill:
     ):
         q_stages = self.cfg.q_stages if self.q_tma else None
         sQ_layout = self._smem_layout(self.tile_m, self.head_dim, q_stages)
-        sK_layout = self._smem_layout(self.tile_n, self.head_dim, self.stages, kv=True)
+        k_dtype = self.cache_dtype if self.fp8_qk else None
+        sK_layout = self._smem_layout(
+            self.tile_n, self.head_dim, self.stages, kv=True, dtype=k_dtype
+        )
         sV_layout = self._smem_layout(self.tile_n, self.head_dim, self.stages, kv=True)
         staging_layout = None
         if cutlass.const_expr(self.fp8_kv):
             staging_layout = self._smem_layout(
                 self.tile_n, self.head_dim, self.staging_stages, kv=True, dtype=self.cache_dtype
             )
-        self.storage_cls = self._storage_cls(sQ_layout, sK_layout, sV_layout, staging_layout)
+        sQ8_layout = None  # `fp8_qk`: Q's e4m3 halves (tile_m, D, 2: hi, lo)
+        if cutlass.const_expr(self.fp8_qk):
+            sQ8_layout = self._smem_layout(self.tile_m, self.head_dim, 2, dtype=self.cache_dtype)
+        self.storage_cls = self._storage_cls(
+            sQ_layout, sK_layout, sV_layout, staging_layout, sQ8_layout
+        )
 
         kv_boxes_per_block = None
         if cutlass.const_expr(self.wide_box):
@@ -457,6 +488,7 @@ class Sm90PagedPrefill:
             sK_layout,
             sV_layout,
             staging_layout,
+            sQ8_layout,
             tiled_mma_qk,
             tiled_mma_pv,
         ).launch(
@@ -500,6 +532,7 @@ class Sm90PagedPrefill:
         sK_layout,
         sV_layout,
         staging_layout,  # an fp8 cache's staging ring (else None)
+        sQ8_layout,  # `fp8_qk`: Q's e4m3 halves (else None)
         tiled_mma_qk,
         tiled_mma_pv,
     ):
@@ -514,7 +547,9 @@ class Sm90PagedPrefill:
         storage = cutlass_utils.SmemAllocator().allocate(self.storage_cls)
         # K and V ride separate pipelines so S = QK^T can start before V lands: TMA ones,
         # or with an fp8 cache TMA staging ones feeding the converters' (make_fp8_pipelines).
-        if cutlass.const_expr(self.fp8_kv):
+        if cutlass.const_expr(self.fp8_qk):
+            load_k, load_v, pipe_k, pipe_v = self.make_split_q_pipelines(storage)
+        elif cutlass.const_expr(self.fp8_kv):
             load_k, load_v, pipe_k, pipe_v = self.make_fp8_pipelines(storage)
         else:
             # consumer_release arrives once per warp (lane 0), so count warps.
@@ -564,7 +599,12 @@ class Sm90PagedPrefill:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sK_load, sV_load = sK, sV  # what the producer's TMA writes
-        if cutlass.const_expr(self.fp8_kv):
+        q_split = None  # `fp8_qk`: (Q's e4m3 halves, their row scales)
+        if cutlass.const_expr(self.fp8_qk):
+            sV_load = storage.sV8.get_tensor(staging_layout.outer, swizzle=staging_layout.inner)
+            sQ8 = storage.sQ8.get_tensor(sQ8_layout.outer, swizzle=sQ8_layout.inner)
+            q_split = (sQ8, storage.q_row_scale.get_tensor(cute.make_layout(self.tile_m)))
+        elif cutlass.const_expr(self.fp8_kv):
             outer, inner = staging_layout.outer, staging_layout.inner
             sK_load = storage.sK8.get_tensor(outer, swizzle=inner)
             sV_load = storage.sV8.get_tensor(outer, swizzle=inner)
@@ -604,7 +644,9 @@ class Sm90PagedPrefill:
                     self.walk_v_loads(v_args, tile_args, queue)
             if cutlass.const_expr(self.fp8_kv):
                 if warp_idx >= self.converter_warps[0]:
-                    k_kv = KvStaging(load_k, sK_load, pipe_k, sK)
+                    k_kv = None  # `fp8_qk`: K is read as staged
+                    if cutlass.const_expr(not self.fp8_qk):
+                        k_kv = KvStaging(load_k, sK_load, pipe_k, sK)
                     v_kv = KvStaging(load_v, sV_load, pipe_v, sV)
                     self.walk_conversions((k_kv, v_kv), tile_args, first_tile, queue)
         else:
@@ -615,6 +657,7 @@ class Sm90PagedPrefill:
                 *(mQ, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v),
                 *(mSinks, window_left, softcap_prescale, scale_log2, tidx - 128, o_scale),
                 sQ_mma,
+                q_split,
             )
             consume = self.consume
             if cutlass.const_expr(self.q_tma):
@@ -625,18 +668,18 @@ class Sm90PagedPrefill:
 
     def make_tma_pipelines(self, mbar_k, mbar_v, consumers):
         """K's and V's TMA pipelines over the load ring (transaction bytes of a cache tile)."""
+        return tuple(self.make_tma_pipeline(b, consumers) for b in (mbar_k, mbar_v))
+
+    def make_tma_pipeline(self, barriers, consumers):
+        """One TMA pipeline over the load ring (transaction bytes of a cache tile)."""
         kv_bytes = self.tile_n * self.head_dim * (self.cache_dtype.width // 8)
-        one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
-        return tuple(
-            pipeline.PipelineTmaAsync.create(
-                barrier_storage=barriers.data_ptr(),
-                num_stages=self.load_stages,
-                producer_group=one_thread,
-                consumer_group=consumers,
-                tx_count=kv_bytes,
-                defer_sync=True,
-            )
-            for barriers in (mbar_k, mbar_v)
+        return pipeline.PipelineTmaAsync.create(
+            barrier_storage=barriers.data_ptr(),
+            num_stages=self.load_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            consumer_group=consumers,
+            tx_count=kv_bytes,
+            defer_sync=True,
         )
 
     def make_fp8_pipelines(self, storage):
@@ -661,6 +704,23 @@ class Sm90PagedPrefill:
             for barriers in (storage.mbar_k, storage.mbar_v)
         )
         return load_k, load_v, pipe_k, pipe_v
+
+    def make_split_q_pipelines(self, storage):
+        """`fp8_qk`: K's TMA pipeline straight to the consumers (one release per warp, as for
+        a 16-bit cache), V's TMA staging ring to the converter warps and V's 16-bit stages
+        from them to the consumers (make_fp8_pipelines' V half)."""
+        mma_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads // 32)
+        warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, len(self.converter_warps))
+        pipe_k = self.make_tma_pipeline(storage.mbar_k, mma_warps)
+        load_v = self.make_tma_pipeline(storage.mbar_v8, warps)
+        pipe_v = pipeline.PipelineAsync.create(
+            barrier_storage=storage.mbar_v.data_ptr(),
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.converter_threads),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads),
+            defer_sync=True,
+        )
+        return pipe_k, load_v, pipe_k, pipe_v
 
     @cute.jit
     def walk_conversions(self, kv, tile_args, first_tile: Int32, queue):
@@ -687,7 +747,12 @@ class Sm90PagedPrefill:
         rank = cute.arch.make_warp_uniform(cute.arch.warp_idx()) - first
         me = Converter(tidx % 32, rank, len(self.converter_warps))
         n_count = work.n_block_max - work.n_block_min
-        if cutlass.const_expr(self.overlap):
+        if cutlass.const_expr(kv_k is None):  # `fp8_qk`: V only, block by block
+            for _ in cutlass.range(n_count, unroll=1):
+                convert_block(kv_v, staged, stage, me)
+                staged.advance()
+                stage.advance()
+        elif cutlass.const_expr(self.overlap):
             if n_count > 0:
                 staged_v, stage_v = staged.clone(), stage.clone()
                 convert_block(kv_k, staged, stage, me)
@@ -1125,6 +1190,59 @@ class Sm90PagedPrefill:
         wg_sync(wg)
 
     @cute.jit
+    def split_q(self, sQ, sQ8, sRowScale, tScS, scale_log2: Float32, tidx: Int32, wg: Int32):
+        """`fp8_qk`: this warpgroup's 64 rows of Q (16-bit, landed) -> their e4m3 halves in sQ8
+        and power-of-two row scales p (fp8_kv.split_pair: hi + lo = q / p); returns this
+        thread's accumulator rows' scale_log2 * p. The caller's previous tile's Q K^T has
+        completed (its waits), so sQ8 and the scales are free."""
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+        thr_copy = self.q_rows_copy(atom, tidx)
+        src = thr_copy.partition_S(cute.local_tile(sQ, (64, self.head_dim), (wg, 0)))
+        coords = thr_copy.partition_S(cute.make_identity_tensor((64, self.head_dim)))
+        atom8 = cute.make_copy_atom(
+            cute.nvgpu.CopyUniversalOp(), self.cache_dtype, num_bits_per_copy=64
+        )
+        thr_copy8 = self.q_rows_copy(atom8, tidx)
+        halves_dst = [
+            thr_copy8.partition_D(cute.local_tile(sQ8[None, None, h], (64, self.head_dim), (wg, 0)))
+            for h in range(2)
+        ]
+        lanes_per_row = self.head_dim // 8
+        for m in cutlass.range_constexpr(cute.size(src, mode=[1])):
+            row_vals = []
+            amax = Float32(0.0)
+            for k in cutlass.range_constexpr(cute.size(src, mode=[2])):
+                raw = cute.make_rmem_tensor(cute.make_layout(8), self.dtype)
+                cute.autovec_copy(src[None, m, k], raw)
+                vals = [Float32(raw[e]) for e in range(8)]
+                for v in vals:
+                    amax = cute.arch.fmax(amax, cute.arch.fmax(v, -v))
+                row_vals.append(vals)
+            # a row's lanes sit side by side (q_rows_copy)
+            for off in cutlass.range_constexpr(lanes_per_row.bit_length() - 1):
+                amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=1 << off))
+            inv_p = row_scale_pow2(amax, True)
+            for k in cutlass.range_constexpr(cute.size(src, mode=[2])):
+                vals = row_vals[k]
+                pairs = [split_pair(vals[e] * inv_p, vals[e + 1] * inv_p) for e in range(0, 8, 2)]
+                for h in cutlass.range_constexpr(2):
+                    out = cute.make_rmem_tensor(cute.make_layout(8), self.cache_dtype)
+                    words = cute.recast_tensor(out, Int32)
+                    words[0] = halves(pairs[0], pairs[1], h == 1)
+                    words[1] = halves(pairs[2], pairs[3], h == 1)
+                    cute.autovec_copy(out, halves_dst[h][None, m, k])
+            coord = coords[0, m, 0]
+            if coord[1] == 0:
+                sRowScale[wg * 64 + coord[0]] = row_scale_pow2(amax, False)
+        cute.arch.fence_view_async_shared()  # the generic stores before the wgmma's reads
+        wg_sync(wg)
+        rows = acc_rows_view(tScS)
+        scales = cute.make_rmem_tensor(cute.size(rows, mode=[0]), Float32)
+        for i in cutlass.range_constexpr(cute.size(rows, mode=[0])):
+            scales[i] = scale_log2 * sRowScale[rows[i, 0][0]]
+        return scales
+
+    @cute.jit
     def prefetch_next_q(self, receive, queue_state, tile_args, mQ, sQ, tidx: Int32, wg: Int32):
         """`q_prefetch`: once this tile's last Q K^T has completed, take the next tile from the
         queue and start its Q copies, so they land under this tile's last P V and epilogue.
@@ -1247,6 +1365,8 @@ class Sm90PagedPrefill:
         mSinks, window_left, softcap_prescale, scale_log2, tidx = args[10:15]
         wg = cute.arch.make_warp_uniform(tidx // 128)
         sQ_mma = sQ if cutlass.const_expr(args.sQ_mma is None) else args.sQ_mma
+        if cutlass.const_expr(self.fp8_qk):
+            sQ_mma = args.q_split[0]
         g = self.block_gemms(sQ_mma, sK, sV, tiled_mma_qk, tiled_mma_pv, tidx)
         tSrQ = g.tSrQ
         if cutlass.const_expr(self.q_tma):
@@ -1265,6 +1385,10 @@ class Sm90PagedPrefill:
             convert_q = partial(self.convert_q, *stage_q, tidx, wg)  # block: first_block
         elif cutlass.const_expr(self.q_converts):
             self.convert_q(sQ, sQ_mma, tidx, wg)
+        if cutlass.const_expr(self.fp8_qk):
+            # S comes out of the GEMM divided by each row's Q scale: fold it into the rows'
+            # softmax scale (and so into their LSE).
+            scale_log2 = self.split_q(sQ, *args.q_split, g.tScS, scale_log2, tidx, wg)
         next_tile = Int32(0)  # q_prefetch only
 
         row_max = cute.make_rmem_tensor(num_rows, Float32)
@@ -1351,13 +1475,18 @@ class Sm90PagedPrefill:
 
     @cute.jit
     def block_gemms(self, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, tidx: Int32) -> BlockGemms:
-        """This warpgroup's BlockGemms (O's accumulator uninitialized)."""
+        """This warpgroup's BlockGemms (O's accumulator uninitialized); with `fp8_qk` sQ is
+        sQ8 and tSrQ its (hi, lo) fragments."""
         wg = cute.arch.make_warp_uniform(tidx // 128)
         thr_qk = tiled_mma_qk.get_slice(tidx)
         thr_pv = tiled_mma_pv.get_slice(tidx)
         wg_qk = tiled_mma_qk.get_slice(wg * 128)
         wg_pv = tiled_mma_pv.get_slice(wg * 128)
-        tSrQ = wg_qk.make_fragment_A(wg_qk.partition_A(sQ))
+        if cutlass.const_expr(self.fp8_qk):
+            halves_frag = wg_qk.make_fragment_A(wg_qk.partition_A(sQ))
+            tSrQ = tuple(halves_frag[None, None, None, h] for h in range(2))
+        else:
+            tSrQ = wg_qk.make_fragment_A(wg_qk.partition_A(sQ))
         tSrK = wg_qk.make_fragment_B(wg_qk.partition_B(sK))
         # V^T as an (D, tile_n, stage) view of the row-major V tile: MN-major B operand.
         sVt = cute.composition(

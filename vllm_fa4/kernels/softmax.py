@@ -40,6 +40,14 @@ def acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(acc.iterator, frg)
 
 
+def row_scale_log2(scale_log2, i: int):
+    """Row i's scale_log2: one scalar for every row, or (`fp8_qk`, a per-row tensor) the
+    softmax scale times row i's Q scale (S came out of the GEMM divided by it)."""
+    if isinstance(scale_log2, cute.Tensor):
+        return scale_log2[i]
+    return scale_log2
+
+
 @cute.jit
 def quad_allreduce(x: Float32, is_max: cutlass.Constexpr[bool]) -> Float32:
     # The 4 lanes of a quad hold the same accumulator rows.
@@ -56,6 +64,7 @@ def quad_allreduce(x: Float32, is_max: cutlass.Constexpr[bool]) -> Float32:
 def _row_new_max(sS, i, row_max, scale_log2, is_first, lazy_max):
     """Row i's max after this block: (new max, whether it moved (lazy_max), the exp2 shift
     -max * scale_log2)."""
+    scale_log2 = row_scale_log2(scale_log2, i)
     ncol = cute.size(sS, mode=[1])
     blk_max = sS[i, 0]
     for j in cutlass.range_constexpr(1, ncol):
@@ -76,6 +85,7 @@ def _row_new_max(sS, i, row_max, scale_log2, is_first, lazy_max):
 @cute.jit
 def _row_exps(sS, i, scale_log2, neg_shift) -> Float32:
     """Row i: S -> exp2(S * scale_log2 - max * scale_log2) in place; returns the row's sum."""
+    scale_log2 = row_scale_log2(scale_log2, i)
     part = Float32(0.0)
     for j in cutlass.range_constexpr(cute.size(sS, mode=[1])):
         p = cute.math.exp2(sS[i, j] * scale_log2 + neg_shift, fastmath=True)
@@ -88,6 +98,7 @@ def _row_exps(sS, i, scale_log2, neg_shift) -> Float32:
 def _row_scale(i, row_max, scale_log2, moved, neg_shift, is_first, lazy_max):
     """Row i's O factor exp2((old max - new max) * scale_log2), read before row_max[i] is
     updated: 1 on the first block, and with lazy_max when the max stayed."""
+    scale_log2 = row_scale_log2(scale_log2, i)
     scale = Float32(1.0)
     if cutlass.const_expr(not is_first):
         scale = cute.math.exp2(row_max[i] * scale_log2 + neg_shift, fastmath=True)
@@ -184,6 +195,7 @@ def softmax_finish(
     (-inf for empty rows). A sink joins the denominator: with both in log2 units, the row's
     max m and the sink s meet at M = max(m, s), so neither exp2 can overflow."""
     for i in cutlass.range_constexpr(cute.size(row_max)):
+        row_log2_scale = row_scale_log2(scale_log2, i)
         total = quad_allreduce(row_sum[i], False)
         if cutlass.const_expr(sink_log2 is None):
             empty = total == 0.0 or total != total
@@ -191,11 +203,11 @@ def softmax_finish(
             lse[i] = (
                 -Float32.inf
                 if empty
-                else (row_max[i] * scale_log2 + cute.math.log2(total, fastmath=True)) * LN_2
+                else (row_max[i] * row_log2_scale + cute.math.log2(total, fastmath=True)) * LN_2
             )
         else:
             # An empty row (max -inf, total 0) gets O = 0 and lse = the sink.
-            row_log2 = row_max[i] * scale_log2
+            row_log2 = row_max[i] * row_log2_scale
             top = cute.arch.fmax(row_log2, sink_log2[i])
             kept = cute.math.exp2(row_log2 - top, fastmath=True)
             total = total * kept + cute.math.exp2(sink_log2[i] - top, fastmath=True)
