@@ -434,8 +434,12 @@ class KernelConfig:
         if key.softcap:
             # the cap needs S itself before the mask; the row scale rides in scale_log2
             return "'fp8_qk' with a soft cap"
-        if self.q_load is not QLoad.CP_ASYNC:
-            return f"'fp8_qk' with {self.q_load.value!r} (Q is split after its cp.async load)"
+        if key.dtype != "bfloat16":
+            # a bf16 value's 8 significant bits fit two e4m3 parts; fp16's 11 would need a
+            # third (the fp16 rows failed the error rule with two: 1.7x the mean bound)
+            return f"'fp8_qk' with a {key.dtype} model (bfloat16 only)"
+        if self.q_load is QLoad.PREFETCH:
+            return "'fp8_qk' with 'q_prefetch' (the split waits for Q in the tile's first block)"
         if self.staging_stages(key) != KV_STAGES:
             # the producer issues K's ring and V's staging ring with one pipeline state
             return f"'fp8_qk' with {self.staging_stages(key)} fp8 staging stages"

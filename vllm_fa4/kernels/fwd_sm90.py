@@ -1190,11 +1190,13 @@ class Sm90PagedPrefill:
         wg_sync(wg)
 
     @cute.jit
-    def split_q(self, sQ, sQ8, sRowScale, tScS, scale_log2: Float32, tidx: Int32, wg: Int32):
+    def split_q(
+        self, sQ, sQ8, sRowScale, tScS, scale_log2: Float32, rows_scale_log2, tidx, wg: Int32
+    ):
         """`fp8_qk`: this warpgroup's 64 rows of Q (16-bit, landed) -> their e4m3 halves in sQ8
-        and power-of-two row scales p (fp8_kv.split_pair: hi + lo = q / p); returns this
-        thread's accumulator rows' scale_log2 * p. The caller's previous tile's Q K^T has
-        completed (its waits), so sQ8 and the scales are free."""
+        and power-of-two row scales p (fp8_kv.split_pair: hi + lo = q / p); fills
+        rows_scale_log2 with this thread's accumulator rows' scale_log2 * p. The previous
+        tile's Q K^T have completed (their waits), so sQ8 and the scales are free."""
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
         thr_copy = self.q_rows_copy(atom, tidx)
         src = thr_copy.partition_S(cute.local_tile(sQ, (64, self.head_dim), (wg, 0)))
@@ -1237,10 +1239,8 @@ class Sm90PagedPrefill:
         cute.arch.fence_view_async_shared()  # the generic stores before the wgmma's reads
         wg_sync(wg)
         rows = acc_rows_view(tScS)
-        scales = cute.make_rmem_tensor(cute.size(rows, mode=[0]), Float32)
         for i in cutlass.range_constexpr(cute.size(rows, mode=[0])):
-            scales[i] = scale_log2 * sRowScale[rows[i, 0][0]]
-        return scales
+            rows_scale_log2[i] = scale_log2 * sRowScale[rows[i, 0][0]]
 
     @cute.jit
     def prefetch_next_q(self, receive, queue_state, tile_args, mQ, sQ, tidx: Int32, wg: Int32):
@@ -1369,7 +1369,7 @@ class Sm90PagedPrefill:
             sQ_mma = args.q_split[0]
         g = self.block_gemms(sQ_mma, sK, sV, tiled_mma_qk, tiled_mma_pv, tidx)
         tSrQ = g.tSrQ
-        if cutlass.const_expr(self.q_tma):
+        if cutlass.const_expr(self.q_tma and not self.fp8_qk):  # fp8_qk: one split buffer
             tSrQ = tSrQ[None, None, None, q_stage]
         acc_O = g.acc_O
         num_rows = cute.size(acc_rows_view(acc_O), mode=[0])
@@ -1387,8 +1387,15 @@ class Sm90PagedPrefill:
             self.convert_q(sQ, sQ_mma, tidx, wg)
         if cutlass.const_expr(self.fp8_qk):
             # S comes out of the GEMM divided by each row's Q scale: fold it into the rows'
-            # softmax scale (and so into their LSE).
-            scale_log2 = self.split_q(sQ, *args.q_split, g.tScS, scale_log2, tidx, wg)
+            # softmax scale (and so into their LSE), filled by the split.
+            rows_scale_log2 = cute.make_rmem_tensor(num_rows, Float32)
+            stage_q = sQ[None, None, q_stage] if cutlass.const_expr(self.q_tma) else sQ
+            split = (stage_q, *args.q_split, g.tScS, scale_log2, rows_scale_log2, tidx, wg)
+            if cutlass.const_expr(self.q_tma):  # Q lands with the first K: first_block
+                convert_q = partial(self.split_q, *split)
+            else:
+                self.split_q(*split)
+            scale_log2 = rows_scale_log2
         next_tile = Int32(0)  # q_prefetch only
 
         row_max = cute.make_rmem_tensor(num_rows, Float32)
