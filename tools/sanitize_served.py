@@ -114,6 +114,8 @@ SHAPES = (
     Shape("float16", 128, 16, 32, 8, kv_dtype=FP8),
     # Page 128: one box a K/V tile, the page-128 row (no pages_ahead).
     Shape("bfloat16", 128, 128, 32, 8, kv_dtype=FP8),
+    # fp16 models at page 128: the converted pick (bf16 ones split Q, policy.FP8_BF16_LONG).
+    Shape("float16", 128, 128, 32, 8, kv_dtype=FP8),
     # Head dim 128 with a window: its own row (queue+overlap, no q_prefetch for fp8).
     Shape("bfloat16", 128, 16, 32, 8, window=4095, kv_dtype=FP8),
     # Head dim 64: queue_with_work + q_tma + three consumer warpgroups (Llama-3.2-1B).

@@ -156,6 +156,7 @@ def test_only_narrows_the_set_to_matching_labels():
         "bfloat16 hd128 p16 32/8 fp8",
         "float16 hd128 p16 32/8 fp8",
         "bfloat16 hd128 p128 32/8 fp8",
+        "float16 hd128 p128 32/8 fp8",
     }
     with pytest.raises(SystemExit) as refused:
         tool.main(["--only", "hd512"])

@@ -13,6 +13,7 @@ import re
 from vllm_fa4 import envs
 from vllm_fa4.kernels.config import FP8_E4M3, SUPPORTED_HEAD_DIMS, KernelConfig, KernelKey
 from vllm_fa4.paged_prefill.policy import (
+    FP8_BF16_LONG,
     LONG_BATCH_MIN_PAGE,
     LONG_BY_PAGE,
     configured_config,
@@ -85,8 +86,9 @@ def sweep_configs() -> tuple[KernelConfig | None, ...]:
 def representative_keys() -> tuple[KernelKey, ...]:
     """Keys whose serving configs are every config serving can pick (a unit test walks every
     supported key): each head dim at page 16 and at LONG_BATCH_MIN_PAGE, with and without a
-    window, with a 16-bit and an FP8 cache, and one key per row of LONG_BY_PAGE (a page size
-    and soft cap of its own; the picks depend on nothing else)."""
+    window, with a 16-bit and an FP8 cache, one key per row of LONG_BY_PAGE (a page size
+    and soft cap of its own; the picks depend on nothing else) and an fp16 model's FP8 key per
+    row of FP8_BF16_LONG (fp16 keeps the converted pick)."""
     table_rows = tuple(
         KernelKey("bfloat16", head_dim, page, 4, sliding_window=window, kv_dtype=kv)
         for kv in (None, FP8_E4M3)
@@ -98,7 +100,18 @@ def representative_keys() -> tuple[KernelKey, ...]:
         KernelKey("bfloat16", head_dim, page, 4, sliding_window=window, softcap=softcap)
         for head_dim, window, page, softcap in LONG_BY_PAGE
     )
-    return table_rows + by_page
+    fp16_fp8 = tuple(
+        KernelKey(
+            "float16",
+            head_dim,
+            LONG_BATCH_MIN_PAGE if long_page else 16,
+            4,
+            sliding_window=window,
+            kv_dtype=FP8_E4M3,
+        )
+        for head_dim, window, long_page in FP8_BF16_LONG
+    )
+    return table_rows + by_page + fp16_fp8
 
 
 def served_configs() -> tuple[tuple[KernelKey, KernelConfig], ...]:
