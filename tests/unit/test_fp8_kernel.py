@@ -33,6 +33,8 @@ def fp8_key(hd=128, page=16, **features) -> KernelKey:
         (128, "queue_with_work+pv_wait_mid+q_tma+lazy_max", 1),  # Q's ring takes the second
         (64, "queue_with_work+overlap+q_tma+lazy_max+mma_wgs=3", 2),
         (256, "queue+overlap", 1),  # 128 KB of 16-bit K/V stages
+        # fp8_qk: K stays e4m3 (no 16-bit K stages), so Q's ring and two V slots fit
+        (128, "queue_with_work+pv_wait_mid+q_tma+lazy_max+fp8_qk", 2),
     ],
 )
 def test_staging_stages_fill_shared_memory(hd, spec, stages):
@@ -54,6 +56,45 @@ def test_configs_the_fp8_kernel_does_not_build(spec, words):
     config = KernelConfig.parse(spec)
     assert words in config.unsupported_reason(fp8_key())
     assert config.unsupported_reason(KernelKey("bfloat16", 128, 16, 4)) is None
+
+
+@pytest.mark.parametrize(
+    "key,words",
+    [
+        (KernelKey("bfloat16", 128, 16, 4), "'fp8_qk' without an fp8 KV cache"),
+        (KernelKey("float16", 128, 16, 4, kv_dtype=FP8_E4M3), "float16 model (bfloat16 only)"),
+        (fp8_key(64), "'fp8_qk' at head dim 64"),
+        (fp8_key(256), "'fp8_qk' at head dim 256"),
+        (fp8_key(128, softcap=True), "'fp8_qk' with a soft cap"),
+    ],
+)
+def test_fp8_qk_builds_where_it_was_measured_only(key, words):
+    """Q's split into two e4m3 parts holds a bf16 value, not an fp16 one; the cap needs S
+    itself; head dims other than 128 were never measured."""
+    config = KernelConfig.parse("queue+pv_wait_mid+lazy_max+fp8_qk")
+    assert words in config.unsupported_reason(key)
+    assert config.unsupported_reason(fp8_key(128, page=128, sliding_window=True)) is None
+    prefetch = KernelConfig.parse("queue+overlap+q_prefetch+fp8_qk")
+    assert "q_prefetch" in prefetch.unsupported_reason(fp8_key())
+
+
+@pytest.mark.parametrize("page", [16, 128])
+def test_fp8_qk_serves_long_bf16_batches_at_head_dim_128(page):
+    """policy.FP8_BF16_LONG: bf16 models' long batches split Q; fp16 models, soft-capped keys
+    and short batches keep the converted picks of FP8_TABLE."""
+    from vllm_fa4.kernels.config import Fp8Qk
+
+    bf16 = serving_configs(fp8_key(128, page))
+    assert bf16.long.fp8_qk is Fp8Qk.SPLIT_Q and bf16.short.fp8_qk is Fp8Qk.CONVERTED_K
+    for key in (
+        KernelKey("float16", 128, page, 4, kv_dtype=FP8_E4M3),
+        fp8_key(128, page, softcap=True),
+        fp8_key(128, page, sliding_window=True),
+        fp8_key(64, page),
+    ):
+        configs = serving_configs(key)
+        assert all(c.fp8_qk is Fp8Qk.CONVERTED_K for c in configs.all), key
+        assert all(c.unsupported_reason(key) is None for c in configs.all), key
 
 
 def test_fp8_registers_fit_and_16bit_splits_are_unchanged():
@@ -133,6 +174,39 @@ def test_fp8_kernel_ptx_converts_in_the_producer(tmp_path, monkeypatch):
     start = max((i for i in range(first_cvt) if any(f in lines[i] for f in fences)), default=0)
     loads = sum("ld.shared.v4" in line for line in lines[start:first_store])
     assert loads >= fp8_kv.LOAD_BATCH, loads
+
+
+def test_fp8_qk_ptx_runs_q_kt_on_e4m3_and_converts_only_v(tmp_path):
+    """fp8_qk's compile (sm_90a, a fresh process): Q K^T as e4m3 x e4m3 wgmmas (k32), P V
+    in fp16 on the converted V, Q split by cvt.rn.satfinite.e4m3x2.f32."""
+    import re
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        from vllm_fa4.kernels.compile import compile_kernel
+        from vllm_fa4.kernels.config import FP8_E4M3, KernelConfig, KernelKey
+        key = KernelKey("bfloat16", 128, 128, 4, kv_dtype=FP8_E4M3)
+        compile_kernel(key, KernelConfig.parse("queue+pv_wait_mid+lazy_max+fp8_qk"), True)
+        """
+    )
+    env = {
+        **os.environ,
+        "CUTE_DSL_KEEP": "ptx",
+        "CUTE_DSL_DUMP_DIR": str(tmp_path),
+        "CUTE_DSL_DISABLE_FILE_CACHING": "1",
+    }
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=600)
+    (ptx,) = tmp_path.rglob("*.ptx")
+    text = ptx.read_text()
+    wgmma = set(
+        re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+(k\d+)\.f32\.(\w+)\.(\w+)", text)
+    )
+    assert wgmma == {("k32", "e4m3", "e4m3"), ("k16", "f16", "f16")}, wgmma
+    assert "cvt.rn.satfinite.e4m3x2.f32" in text  # Q's split, once a tile
+    assert "cvt.rn.f16x2.e4m3x2" in text  # V's conversion (and the split's hi back to f16)
 
 
 @pytest.mark.parametrize("warps", [2, 3])

@@ -187,3 +187,41 @@ def test_l2_sections_count_fp8_bytes():
 
     assert kv_bytes_per_token(BF16_KEY) == 2 * 128 * 2
     assert kv_bytes_per_token(FP8_KEY) == 2 * 128
+
+
+def _row_scale_pow2(amax: float, inverse: bool) -> float:
+    """fp8_kv.row_scale_asm's arithmetic on the host: the max's biased exponent e clamped to
+    [8, 254], then 1/p = 2^(134 - e), p = 2^(e - 134)."""
+    import struct
+
+    e = (struct.unpack("<I", struct.pack("<f", amax))[0] >> 23) & 0xFF
+    e = min(max(e, 8), 254)
+    field = 261 - e if inverse else e - 7
+    return struct.unpack("<f", struct.pack("<I", field << 23))[0]
+
+
+def test_q_split_is_exact_for_bf16_rows():
+    """fp8_qk's claim (fp8_kv.py): with p a power of two that puts a row's largest |q| / p in
+    [128, 256), hi = e4m3(q / p) and lo = e4m3(q / p - hi) sum to q / p exactly for every
+    bf16 element of at least 2^-9 of its row's largest (|q / p| >= 1/4, where lo's 4 bits
+    stay above e4m3's subnormal step 2^-9), the rest within half that step; p * (1/p) is 1."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    for log_scale in (-20, -6, 0, 5, 20):
+        rows = torch.randn(64, 128, generator=gen) * 2.0**log_scale
+        rows[0, :100] *= 1e-4  # a row with a few large and many tiny values
+        rows[1] = 0.0  # an empty row: any finite p
+        q = rows.to(torch.bfloat16).float()
+        for row in q:
+            amax = float(row.abs().max())
+            inv_p, p = _row_scale_pow2(amax, True), _row_scale_pow2(amax, False)
+            assert inv_p * p == 1.0 and torch.isfinite(torch.tensor([inv_p, p])).all()
+            x = row * inv_p
+            if amax:
+                assert 128 <= float(x.abs().max()) < 256
+            hi = x.to(torch.float8_e4m3fn).float()
+            lo = (x - hi).to(torch.float8_e4m3fn).float()
+            big = row.abs() >= amax * 2.0**-9
+            assert torch.equal((hi + lo)[big], x[big])
+            assert float(((hi + lo) - x).abs().max()) <= 2.0**-10

@@ -13,6 +13,10 @@ A pair of e4m3 values (``e4m3_pair``) converts exactly: ``cvt.rn.f16x2.e4m3x2`` 
 every e4m3 value is a normal f16 or zero). NaN stays NaN (the mask's -inf and the V tail's
 zeros deal with it).
 The scales are not applied here: k_scale is in the softmax scale, v_scale in the epilogue.
+
+With `fp8_qk` (config.Fp8Qk.SPLIT_Q) K is not converted: the consumers' S = Q K^T runs as
+e4m3 x e4m3 wgmma on the staged K, with Q split once a tile into two e4m3 parts (split_pair
+below), and the converter warps convert V alone.
 """
 
 from dataclasses import dataclass
@@ -52,9 +56,11 @@ def e4m3_pair(word: Int32, high: bool, *, loc=None, ip=None) -> Int32:
 
 # `fp8_qk` (config.Fp8Qk.SPLIT_Q): Q's split. With a power-of-two row scale p putting the row's
 # largest |q| / p in [128, 256), hi = e4m3(q / p) keeps a bf16 value's top 4 significant bits
-# and lo = e4m3(q / p - hi) the next 4, so hi + lo = q / p exactly for every element above
-# about 2^-11 of its row's largest (e4m3's subnormals end at 2^-9), and p (hi K^T + lo K^T) is
-# S up to the FP8 GEMM's accumulation (tools/fp8_qk_error_probe.py: `split`).
+# and lo = e4m3(q / p - hi) the next 4, so hi + lo = q / p exactly for every element of at
+# least 2^-9 of its row's largest (there |q / p| >= 1/4 and lo's bits stay above e4m3's
+# subnormal step 2^-9; smaller ones are off by at most 2^-10, under 2^-17 of the row's
+# largest), and p (hi K^T + lo K^T) is S up to the FP8 GEMM's accumulation
+# (tools/fp8_qk_error_probe.py: `split`; tests/unit/test_fp8_kv.py on the host).
 SPLIT_PAIR_ASM = (
     "{.reg .b16 h, l; .reg .b32 hf; .reg .f16 a0, a1; .reg .f32 f0, f1, r0, r1; "
     "cvt.rn.satfinite.e4m3x2.f32 h, $2, $1; cvt.rn.f16x2.e4m3x2 hf, h; mov.b32 {a0, a1}, hf; "
