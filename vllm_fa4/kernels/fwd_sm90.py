@@ -41,6 +41,7 @@ from vllm_fa4.kernels.barriers import turn_pass, turn_wait, turns_begin, wg_sync
 from vllm_fa4.kernels.config import (
     KV_STAGES,
     BlockStep,
+    CapPlace,
     Epilogue,
     Fp8Qk,
     KernelConfig,
@@ -1326,16 +1327,24 @@ class Sm90PagedPrefill:
         else:
             arm = partial(softmax_step, acc_S, row_max, row_sum, row_scale, scale_log2, False, lazy)
         window_left, softcap_prescale = feats
+        cap = None
         if cutlass.const_expr(softcap_prescale is not None):
-            apply_softcap(acc_S, softcap_prescale)
+            cap = partial(apply_softcap, acc_S, softcap_prescale)
+        cap_in_arms = per_arm and self.cfg.cap_place is CapPlace.IN_ARMS
+        if cutlass.const_expr(cap is not None and not cap_in_arms):
+            cap()
         needs_mask = n_block >= work.n_block_mask
         if cutlass.const_expr(window_left is not None):
             needs_mask = needs_mask | (n_block < work.n_block_left_mask)
         if needs_mask:
+            if cutlass.const_expr(cap is not None and cap_in_arms):
+                cap()
             self.mask(acc_S, tScS, n_block, work, diag, window_left)
             if cutlass.const_expr(per_arm):
                 arm()
         else:
+            if cutlass.const_expr(cap is not None and cap_in_arms):
+                cap()
             if cutlass.const_expr(per_arm):
                 arm()
         if cutlass.const_expr(not per_arm):
