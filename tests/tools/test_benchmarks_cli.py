@@ -160,7 +160,7 @@ def test_kernels_dry_run_default_is_the_baseline_sweep(capsys):
 def test_kernels_dry_run_all(capsys):
     args = ["--dry-run", "--models", "all", "--cases", "all", "--block-sizes", "16,128"]
     assert kernels.main(args) == 0
-    assert f"{13 * 6 * 2} runs" in capsys.readouterr().out  # 6 model shapes
+    assert f"{13 * 7 * 2} runs" in capsys.readouterr().out  # 7 model shapes
 
 
 def test_kernels_dry_run_as_a_script():

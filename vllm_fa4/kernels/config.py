@@ -256,17 +256,7 @@ class Fp8Qk(Enum):
     SPLIT_Q = "fp8_qk"
 
 
-class CapPlace(Enum):
-    """Where the soft cap runs in a block's softmax (a session-11 A/B, removed once decided)."""
-
-    # Before the mask branch, on every block.
-    BEFORE_BRANCH = "cap_before_branch"
-    # Inside both arms of the mask branch, beside the mask and the softmax, so its tanh
-    # stream can interleave with the row max (docs/results/2026-11-27/sass-fa3-vs-ours-hd256).
-    IN_ARMS = "cap_in_arms"
-
-
-AXES = (Tiles, BlockStep, QLoad, KvBox, PageRead, Epilogue, Fp8Qk, CapPlace)
+AXES = (Tiles, BlockStep, QLoad, KvBox, PageRead, Epilogue, Fp8Qk)
 _BY_SPELLING = {member.value: member for axis in AXES for member in axis}
 
 
@@ -310,7 +300,6 @@ class KernelConfig:
     # test can check each tile ran exactly once (tests/gpu/test_tile_scheduler.py).
     count_visits: bool = False
     fp8_qk: Fp8Qk = Fp8Qk.CONVERTED_K
-    cap_place: CapPlace = CapPlace.BEFORE_BRANCH
 
     @classmethod
     def parse(cls, spec: str) -> KernelConfig:
@@ -357,7 +346,6 @@ class KernelConfig:
             "epilogue",
             "lazy_max",
             "fp8_qk",
-            "cap_place",
         ):
             value = getattr(self, name)
             if value != getattr(default, name):
@@ -537,7 +525,6 @@ _FIELD_OF = {
     PageRead: "page_read",
     Epilogue: "epilogue",
     Fp8Qk: "fp8_qk",
-    CapPlace: "cap_place",
 }
 
 
