@@ -49,11 +49,12 @@ FA3_SINK_MAX_Q_HEADS = 64  # FA3's s_aux: "We only support query heads <= 64 wit
 # Served, not yet fast (issue 30): said once at startup, so the slower prefill is never silent.
 FP8_PREFILL_SPEED_WARNING = (
     "FA4: --kv-cache-dtype fp8 is served with 16-bit attention math on the FP8 cache (fp16 "
-    "GEMMs on the exact e4m3 values, Q in fp16, fp32 softmax and accumulation), but FA4's FP8 "
-    "prefill kernel is not yet fast at head dim 128: measured 0.92x the speed of FLASH_ATTN's "
-    "FP8 prefill there and 1.39x at head dim 256 (H100, "
-    "docs/results/2026-11-26/fp8-static-pieces-ab-h100.log); decode runs FLASH_ATTN's own FP8 "
-    "path. For FP8 prefill speed at head dim 128 use --attention-backend FLASH_ATTN"
+    "GEMMs on the exact e4m3 values, or at head dim 128 an FP8 Q K^T with Q split exactly "
+    "into two e4m3 parts; fp32 softmax and accumulation), but FA4's FP8 prefill kernel is not "
+    "yet fast at head dim 128: measured 0.97x the speed of FLASH_ATTN's FP8 prefill on long "
+    "batches there (served 32k and 64k prompts 1.01x) and 1.39x at head dim 256 (H100, "
+    "docs/results/2026-11-27/fp8qk-adopted-ab-h100-cc1a78b.log); decode runs FLASH_ATTN's "
+    "own FP8 path. For FP8 prefill speed at head dim 128 use --attention-backend FLASH_ATTN"
 )
 _fp8_warned = False
 
