@@ -1401,6 +1401,9 @@ class Sm90PagedPrefill:
             # S comes out of the GEMM divided by each row's Q scale: fold it into the rows'
             # softmax scale (and so into their LSE), filled by the split.
             rows_scale_log2 = cute.make_rmem_tensor(num_rows, Float32)
+            # A tile without blocks never splits (Q by TMA lands with its first K): its rows
+            # keep the scalar scale, so an empty row's -inf max times it stays -inf (sinks).
+            rows_scale_log2.fill(scale_log2)
             stage_q = sQ[None, None, q_stage] if cutlass.const_expr(self.q_tma) else sQ
             split = (stage_q, *args.q_split, g.tScS, scale_log2, rows_scale_log2, tidx, wg)
             if cutlass.const_expr(self.q_tma):  # Q lands with the first K: first_block
