@@ -74,8 +74,9 @@ def variants(q, k8, k_scale, v8, v_scale, scale):
         round_bits(q8_row[:, c : c + 32] @ k8[:, c : c + 32].T, 14) for c in range(0, d, 32)
     )
     out["hybrid14"] = attend(scale * k_scale * row_scale * partial, v8, v_scale, fp16)
-    # A power-of-two row scale keeps q / p exact, so hi + lo is q / p itself wherever lo is
-    # an e4m3 normal (all but a row's entries below ~2^-15 of its largest).
+    # A power-of-two row scale keeps q / p exact, so hi + lo is q / p itself wherever lo's
+    # bits stay above e4m3's subnormal step (a row's entries of at least ~2^-10 of its
+    # largest; tests/unit/test_fp8_kv.py).
     p2 = torch.exp2(torch.ceil(torch.log2(row_scale)))
     hi = e4m3(q / p2)
     lo = e4m3(q / p2 - hi)

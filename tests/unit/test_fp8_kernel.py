@@ -131,21 +131,19 @@ def test_16bit_keys_keep_their_picks_and_no_fp8_route():
         assert not kernel_reads_fp8(key)
 
 
-def test_fp8_kernel_ptx_converts_in_the_producer(tmp_path, monkeypatch):
-    """One compile in a fresh process (the DSL reads its dump folder at import): a bf16
-    model's fp8 build runs its GEMMs in fp16 (every wgmma f16, no bf16 repack of K/V: one
-    cvt per e4m3 pair), converts Q bf16 -> fp16 once per tile and writes O in bf16."""
-    import re
+def compiled_ptx(tmp_path, page: int, spec: str) -> str:
+    """The PTX of one bf16-model fp8 build at head dim 128 (with LSE), compiled for sm_90a in
+    a fresh process (the DSL reads its dump folder at import)."""
     import subprocess
     import sys
     import textwrap
 
     script = textwrap.dedent(
-        """
+        f"""
         from vllm_fa4.kernels.compile import compile_kernel
         from vllm_fa4.kernels.config import FP8_E4M3, KernelConfig, KernelKey
-        key = KernelKey("bfloat16", 128, 16, 4, kv_dtype=FP8_E4M3)
-        compile_kernel(key, KernelConfig.parse("queue+pv_wait_mid+lazy_max"), True)
+        key = KernelKey("bfloat16", 128, {page}, 4, kv_dtype=FP8_E4M3)
+        compile_kernel(key, KernelConfig.parse({spec!r}), True)
         """
     )
     env = {
@@ -156,7 +154,16 @@ def test_fp8_kernel_ptx_converts_in_the_producer(tmp_path, monkeypatch):
     }
     subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=600)
     (ptx,) = tmp_path.rglob("*.ptx")
-    text = ptx.read_text()
+    return ptx.read_text()
+
+
+def test_fp8_kernel_ptx_converts_in_the_producer(tmp_path, monkeypatch):
+    """One compile in a fresh process (the DSL reads its dump folder at import): a bf16
+    model's fp8 build runs its GEMMs in fp16 (every wgmma f16, no bf16 repack of K/V: one
+    cvt per e4m3 pair), converts Q bf16 -> fp16 once per tile and writes O in bf16."""
+    import re
+
+    text = compiled_ptx(tmp_path, 16, "queue+pv_wait_mid+lazy_max")
     assert text.count("cvt.rn.f16x2.e4m3x2") >= 8
     assert "prmt.b32" not in text  # no bf16 repack (fp8_kv's old route)
     wgmma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.(\w+)\.(\w+)", text)
@@ -180,27 +187,8 @@ def test_fp8_qk_ptx_runs_q_kt_on_e4m3_and_converts_only_v(tmp_path):
     """fp8_qk's compile (sm_90a, a fresh process): Q K^T as e4m3 x e4m3 wgmmas (k32), P V
     in fp16 on the converted V, Q split by cvt.rn.satfinite.e4m3x2.f32."""
     import re
-    import subprocess
-    import sys
-    import textwrap
 
-    script = textwrap.dedent(
-        """
-        from vllm_fa4.kernels.compile import compile_kernel
-        from vllm_fa4.kernels.config import FP8_E4M3, KernelConfig, KernelKey
-        key = KernelKey("bfloat16", 128, 128, 4, kv_dtype=FP8_E4M3)
-        compile_kernel(key, KernelConfig.parse("queue+pv_wait_mid+lazy_max+fp8_qk"), True)
-        """
-    )
-    env = {
-        **os.environ,
-        "CUTE_DSL_KEEP": "ptx",
-        "CUTE_DSL_DUMP_DIR": str(tmp_path),
-        "CUTE_DSL_DISABLE_FILE_CACHING": "1",
-    }
-    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=600)
-    (ptx,) = tmp_path.rglob("*.ptx")
-    text = ptx.read_text()
+    text = compiled_ptx(tmp_path, 128, "queue+pv_wait_mid+lazy_max+fp8_qk")
     wgmma = set(
         re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+(k\d+)\.f32\.(\w+)\.(\w+)", text)
     )

@@ -251,7 +251,7 @@ class Fp8Qk(Enum):
     # The converter warps turn K into fp16 as they do V; Q is converted to fp16 once a tile.
     CONVERTED_K = "k_converted"
     # FP8 wgmma straight from the staged e4m3 K, with Q split once a tile into two e4m3 halves
-    # under a power-of-two row scale (hi + lo = Q; fp8_kv.split_q_rows): the converters
+    # under a power-of-two row scale (hi + lo = Q; fwd_sm90 split_q): the converters
     # convert only V, and K's 16-bit stages and their shared-memory traffic go away.
     SPLIT_Q = "fp8_qk"
 

@@ -40,18 +40,16 @@ def pair_asm(high: bool) -> str:
     return "{.reg .b16 lo, hi; mov.b32 {lo, hi}, $1; " + f"cvt.rn.f16x2.e4m3x2 $0, {half};}}"
 
 
+def _asm(result, operands, text: str, constraints: str, loc, ip):
+    """One PTX block on DSL values (``operands``, already typed), its result ``result``."""
+    values = [x.ir_value(loc=loc, ip=ip) for x in operands]
+    return llvm.inline_asm(result, values, text, constraints, loc=loc, ip=ip)
+
+
 @dsl_user_op
 def e4m3_pair(word: Int32, high: bool, *, loc=None, ip=None) -> Int32:
     """The two e4m3 values of ``word``'s low (or high) 16 bits as a packed f16x2."""
-    out = llvm.inline_asm(
-        T.i32(),
-        [Int32(word).ir_value(loc=loc, ip=ip)],
-        pair_asm(high),
-        "=r,r",
-        loc=loc,
-        ip=ip,
-    )
-    return Int32(out)
+    return Int32(_asm(T.i32(), [Int32(word)], pair_asm(high), "=r,r", loc, ip))
 
 
 # `fp8_qk` (config.Fp8Qk.SPLIT_Q): Q's split. With a power-of-two row scale p putting the row's
@@ -73,30 +71,14 @@ SPLIT_PAIR_ASM = (
 def split_pair(x0, x1, *, loc=None, ip=None) -> Int32:
     """Two scaled Q values -> one word: their e4m3 hi pair (low 16 bits, x0 in the low byte)
     and their e4m3 lo pair (high 16 bits)."""
-    out = llvm.inline_asm(
-        T.i32(),
-        [Float32(x0).ir_value(loc=loc, ip=ip), Float32(x1).ir_value(loc=loc, ip=ip)],
-        SPLIT_PAIR_ASM,
-        "=r,f,f",
-        loc=loc,
-        ip=ip,
-    )
-    return Int32(out)
+    return Int32(_asm(T.i32(), [Float32(x0), Float32(x1)], SPLIT_PAIR_ASM, "=r,f,f", loc, ip))
 
 
 @dsl_user_op
 def halves(w01: Int32, w23: Int32, high: bool, *, loc=None, ip=None) -> Int32:
     """Four elements' hi (or, ``high``, lo) bytes from two split_pair words, in order."""
-    selector = "0x7632" if high else "0x5410"
-    out = llvm.inline_asm(
-        T.i32(),
-        [Int32(w01).ir_value(loc=loc, ip=ip), Int32(w23).ir_value(loc=loc, ip=ip)],
-        f"prmt.b32 $0, $1, $2, {selector};",
-        "=r,r,r",
-        loc=loc,
-        ip=ip,
-    )
-    return Int32(out)
+    text = f"prmt.b32 $0, $1, $2, {'0x7632' if high else '0x5410'};"
+    return Int32(_asm(T.i32(), [Int32(w01), Int32(w23)], text, "=r,r,r", loc, ip))
 
 
 def row_scale_asm(inverse: bool) -> str:
@@ -114,15 +96,7 @@ def row_scale_pow2(amax, inverse: bool, *, loc=None, ip=None) -> Float32:
     """1/p (``inverse``) or p for a row whose largest |q| is ``amax``: p = 2^(e - 7) for the
     max's biased exponent e, clamped so that zero, subnormal, inf and NaN maxima still give
     a finite normal p."""
-    out = llvm.inline_asm(
-        T.f32(),
-        [Float32(amax).ir_value(loc=loc, ip=ip)],
-        row_scale_asm(inverse),
-        "=f,f",
-        loc=loc,
-        ip=ip,
-    )
-    return Float32(out)
+    return Float32(_asm(T.f32(), [Float32(amax)], row_scale_asm(inverse), "=f,f", loc, ip))
 
 
 def converter_warps(v_warp: bool) -> tuple[int, ...]:

@@ -684,43 +684,34 @@ class Sm90PagedPrefill:
 
     def make_fp8_pipelines(self, storage):
         """An fp8 cache's four pipelines: K's and V's TMA staging rings (consumed by the
-        converter warps, one release per warp) and K's and V's 16-bit stages, whose "full"
-        takes every converter thread's arrival and "empty" every consumer thread's (the
-        consumers release from all threads)."""
+        converter warps, one release per warp) and K's and V's 16-bit stages
+        (make_converted_pipeline)."""
         warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, len(self.converter_warps))
         load_k, load_v = self.make_tma_pipelines(storage.mbar_k8, storage.mbar_v8, warps)
-        pipe_k, pipe_v = (
-            pipeline.PipelineAsync.create(
-                barrier_storage=barriers.data_ptr(),
-                num_stages=self.stages,
-                producer_group=pipeline.CooperativeGroup(
-                    pipeline.Agent.Thread, self.converter_threads
-                ),
-                consumer_group=pipeline.CooperativeGroup(
-                    pipeline.Agent.Thread, self.num_mma_threads
-                ),
-                defer_sync=True,
-            )
-            for barriers in (storage.mbar_k, storage.mbar_v)
-        )
+        pipe_k = self.make_converted_pipeline(storage.mbar_k)
+        pipe_v = self.make_converted_pipeline(storage.mbar_v)
         return load_k, load_v, pipe_k, pipe_v
 
     def make_split_q_pipelines(self, storage):
         """`fp8_qk`: K's TMA pipeline straight to the consumers (one release per warp, as for
-        a 16-bit cache), V's TMA staging ring to the converter warps and V's 16-bit stages
-        from them to the consumers (make_fp8_pipelines' V half)."""
+        a 16-bit cache), V's as make_fp8_pipelines makes it: a TMA staging ring to the
+        converter warps and 16-bit stages from them to the consumers."""
         mma_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads // 32)
         warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, len(self.converter_warps))
         pipe_k = self.make_tma_pipeline(storage.mbar_k, mma_warps)
         load_v = self.make_tma_pipeline(storage.mbar_v8, warps)
-        pipe_v = pipeline.PipelineAsync.create(
-            barrier_storage=storage.mbar_v.data_ptr(),
+        return pipe_k, load_v, pipe_k, self.make_converted_pipeline(storage.mbar_v)
+
+    def make_converted_pipeline(self, barriers):
+        """16-bit stages the converter warps fill: "full" takes every converter thread's
+        arrival, "empty" every consumer thread's (the consumers release from all threads)."""
+        return pipeline.PipelineAsync.create(
+            barrier_storage=barriers.data_ptr(),
             num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.converter_threads),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads),
             defer_sync=True,
         )
-        return pipe_k, load_v, pipe_k, pipe_v
 
     @cute.jit
     def walk_conversions(self, kv, tile_args, first_tile: Int32, queue):
@@ -1333,20 +1324,19 @@ class Sm90PagedPrefill:
         # With the softmax in the arms the cap goes there too, beside the mask and the row
         # max, where its tanh stream interleaves with them (2026-11-27, session 11: +1 to
         # +8 % on capped head-dim-256 keys with turns, -1.5 to +3.9 % without, H100).
-        cap_in_arms = per_arm
-        if cutlass.const_expr(cap is not None and not cap_in_arms):
+        if cutlass.const_expr(cap is not None and not per_arm):
             cap()
         needs_mask = n_block >= work.n_block_mask
         if cutlass.const_expr(window_left is not None):
             needs_mask = needs_mask | (n_block < work.n_block_left_mask)
         if needs_mask:
-            if cutlass.const_expr(cap is not None and cap_in_arms):
+            if cutlass.const_expr(cap is not None and per_arm):
                 cap()
             self.mask(acc_S, tScS, n_block, work, diag, window_left)
             if cutlass.const_expr(per_arm):
                 arm()
         else:
-            if cutlass.const_expr(cap is not None and cap_in_arms):
+            if cutlass.const_expr(cap is not None and per_arm):
                 cap()
             if cutlass.const_expr(per_arm):
                 arm()
