@@ -9,7 +9,8 @@
 contenders given it as in variants_ab.py.
 
 Contenders as in variants_ab.py (config spec, optional ``@l2=MiB``); FA3 (vLLM's build) is
-always launched last on the same inputs. Every contender is warmed up (compiled) first, and
+launched after them on the same inputs, then FA3c (FA3 on the same K/V laid out contiguously,
+FA3 at its best) unless ``--no-fa3c``. Every contender is warmed up (compiled) first, and
 the outputs are checked against each other, so a profile never shows a broken kernel.
 """
 
@@ -24,6 +25,7 @@ from variants_ab import (
     _softcap,
     _window_left,
     fa3_call,
+    fa3_contiguous_call,
     ours_call,
     parse_contender,
 )
@@ -39,6 +41,8 @@ def main():
     ap.add_argument("--model", default=DEFAULT_MODEL, choices=list(MODELS))
     ap.add_argument("--window-left", type=_window_left, default=None, help="as variants_ab.py")
     ap.add_argument("--softcap", type=_softcap, default=None, help="as variants_ab.py")
+    ap.add_argument("--sinks", action="store_true", help="as variants_ab.py")
+    ap.add_argument("--no-fa3c", action="store_true", help="leave FA3 on contiguous K/V out")
     args = ap.parse_args()
     shape = MODELS[args.model]
     heads = (shape.num_q_heads, shape.num_kv_heads, shape.head_dim)
@@ -51,6 +55,7 @@ def main():
         seed=0,
         window_left=args.window_left,
         softcap=args.softcap,
+        sinks=args.sinks,
     )
     fns = {}
     for text in args.contenders.split():
@@ -59,6 +64,9 @@ def main():
         fns[text] = (ours_call(case, case.plan(config, **options), out), out)
     fa3_out = case.new_out()
     fns["FA3"] = (fa3_call(case, fa3_out), fa3_out)
+    if not args.no_fa3c:
+        fa3c = fa3_contiguous_call(case)
+        fns["FA3c"] = (fa3c, fa3c.out)
     for fn, _ in fns.values():  # compile / warm up outside the window
         fn()
     torch.cuda.synchronize()
