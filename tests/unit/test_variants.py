@@ -108,9 +108,9 @@ def test_block_n_spelling_geometry_and_limits():
 
 def test_block_n_80_is_the_long_pick_of_gemma_2s_capped_page_16_keys_only():
     """LONG_BY_PAGE: 80-key blocks for long batches of head dim 256 with a soft cap at page 16
-    (the global layers' step without turns, the local layers' window with them), 16-bit
+    (the global layers wait for P V mid-softmax, the local layers keep the turns), 16-bit
     caches; short batches, other pages, no cap and FP8 keep the table's row."""
-    bn80 = KernelConfig.parse("queue+overlap_free+lazy_max+block_n=80")
+    bn80 = KernelConfig.parse("queue+pv_wait_mid+lazy_max+block_n=80")
     gemma = KernelKey.for_layer("bfloat16", 256, 16, 16, 8, softcap=True)
     picks = serving_configs(gemma)
     assert picks.long == bn80 and picks.short.block_n == 0

@@ -43,11 +43,22 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
         "queue_with_work+overlap+q_tma+lazy_max+mma_wgs=3",
         "queue_with_work+pv_wait_mid+q_tma+lazy_max+mma_wgs=3",
     ),
-    # Head dim 64 with gpt-oss's 128-key window: Q prefetched a tile ahead (gpt-oss shape
-    # 0.93-1.10 of FA3); q_tma not measured with a window; lazy_max has nothing to skip when
-    # a row visits about two blocks (0 to -1.8 %).
-    (64, True, False): ("queue+overlap+q_prefetch+mma_wgs=3", "queue+overlap+q_prefetch+mma_wgs=3"),
-    (64, True, True): ("queue+overlap+q_prefetch+mma_wgs=3", "queue+overlap+q_prefetch+mma_wgs=3"),
+    # Head dim 64 with gpt-oss's 128-key window: 64-key blocks (a 192-row tile is 24 tokens
+    # at GQA 8, so a row's 128 keys span about 151: 128-key blocks compute 2-3x that, 64-key
+    # ones 1.3-1.7x), Q by TMA with the tile's TileWork, the P V wait mid-softmax
+    # (2026-11-27, session 12, H100, gpt-oss shape with sinks, pages 16 and 128, 512x32 to
+    # 16k and 2k after 64k, over session 4's Q-prefetch pick: the overlap on 64-key blocks
+    # +14 to +25 % in two runs, with the mid-softmax wait +16 to +25 % in 9 of 9 cases, which
+    # is 0.93-1.12x FA3 on contiguous K/V, was 0.80-0.91x); lazy_max has nothing to skip when
+    # a row visits two or three blocks (-1.4 to +0.3 %).
+    (64, True, False): (
+        "queue_with_work+pv_wait_mid+q_tma+mma_wgs=3+block_n=64",
+        "queue_with_work+pv_wait_mid+q_tma+mma_wgs=3+block_n=64",
+    ),
+    (64, True, True): (
+        "queue_with_work+pv_wait_mid+q_tma+mma_wgs=3+block_n=64",
+        "queue_with_work+pv_wait_mid+q_tma+mma_wgs=3+block_n=64",
+    ),
     # Head dim 128, long batches below page 128: V loaded by the producer's second warp
     # (session 12: page 16, 4k+ tokens +0.5-0.9 %), page table read a block ahead (session
     # 11), one TMA box per page for all of D (session 13: +0.8-1.1 %). Short batches: O
@@ -131,10 +142,13 @@ FP8_BF16_LONG: dict[tuple[int, bool, bool], str] = {
 # batches -3 to -4 %, so only the capped rows, long batches only; the plan tiles a short batch
 # again with its own 64-key blocks (plan.py). With the 4k window too (Gemma 2's local layers),
 # on the row's own step with turns: +0.5 to +6 % and +3.2 to +6.3 % in two H100 runs (sessions
-# 9 and 10). 80 keys divide no larger page; the FP8 kernel's staging does not fit shared
-# memory beside them.
+# 9 and 10). The global layers wait for P V mid-softmax, so O's rescale runs under the next
+# Q K^T (session 12, H100, two runs: +1.7 to +4.7 % and -0.8 to +3.7 % over the step without
+# turns; session 14's -2 to -5 % was on 64-key blocks with the cap before the mask branch).
+# 80 keys divide no larger page; the FP8 kernel's staging does not fit shared memory beside
+# them.
 LONG_BY_PAGE: dict[tuple[int, bool, int, bool], str] = {
-    (256, False, 16, True): "queue+overlap_free+lazy_max+block_n=80",
+    (256, False, 16, True): "queue+pv_wait_mid+lazy_max+block_n=80",
     (256, True, 16, True): "queue+overlap+block_n=80",
 }
 
