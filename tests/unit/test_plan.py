@@ -443,3 +443,19 @@ def test_window_makes_a_chunk_after_a_long_prefix_short_work():
     t0 = time.perf_counter()
     big = _plan([(131072, 131072)], window_left=4095)
     assert time.perf_counter() - t0 < 0.05 and int(big.work_tiles_cpu[:, 3].max()) <= 34
+
+
+def test_head_dim_64_windows_pick_by_width():
+    """Head dim 64 with a window (policy.TABLE): gpt-oss's 128-key window makes every batch
+    short (two or three K/V tiles a work tile) and gets 64-key blocks; a 4k window makes long
+    prompts long batches and keeps 128-key blocks (64-key ones lost 5-9 % there, session 12)."""
+    gpt_oss = dict(hq=64, hkv=8, d=64)
+    narrow = [(16384, 16384)], [(2048, 65536 + 2048)], [(512, 512)] * 32
+    for page in (16, 128):
+        for specs in narrow:
+            plan = _plan(specs, page=page, window_left=127, **gpt_oss)
+            assert plan.config == serving_configs(plan.key).short, specs
+            assert plan.config.block_n == 64 and plan.geometry.tile_n == 64
+        wide = _plan([(16384, 16384)], page=page, window_left=4095, **gpt_oss)
+        assert wide.config == serving_configs(wide.key).long
+        assert wide.config.block_n == 0 and wide.geometry.tile_n == 128

@@ -43,20 +43,21 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
         "queue_with_work+overlap+q_tma+lazy_max+mma_wgs=3",
         "queue_with_work+pv_wait_mid+q_tma+lazy_max+mma_wgs=3",
     ),
-    # Head dim 64 with gpt-oss's 128-key window: 64-key blocks (a 192-row tile is 24 tokens
-    # at GQA 8, so a row's 128 keys span about 151: 128-key blocks compute 2-3x that, 64-key
-    # ones 1.3-1.7x), Q by TMA with the tile's TileWork, the P V wait mid-softmax
-    # (2026-11-27, session 12, H100, gpt-oss shape with sinks, pages 16 and 128, 512x32 to
-    # 16k and 2k after 64k, over session 4's Q-prefetch pick: the overlap on 64-key blocks
-    # +14 to +25 % in two runs, with the mid-softmax wait +16 to +25 % in 9 of 9 cases, which
-    # is 0.93-1.12x FA3 on contiguous K/V, was 0.80-0.91x); lazy_max has nothing to skip when
-    # a row visits two or three blocks (-1.4 to +0.3 %).
+    # Head dim 64 with a window. Short batches, which is every batch of gpt-oss's 128-key
+    # window (a row visits two or three blocks): 64-key blocks (a 192-row tile is 24 tokens at
+    # GQA 8, so a row's 128 keys span about 151; 128-key blocks compute 2-3x that, 64-key
+    # ones 1.3-1.7x), Q by TMA with the tile's TileWork, the P V wait mid-softmax (2026-11-27,
+    # session 12, H100, gpt-oss shape with sinks, pages 16 and 128, 512x32 to 16k and 2k after
+    # 64k, over session 4's Q-prefetch pick: +14 to +25 % in three runs, 0.93-1.12x FA3 on
+    # contiguous K/V, was 0.80-0.91x; 32-key blocks 10-20 % behind 64). Long batches, which
+    # windows of more than about 2k keys make (Llama-3.2-1B shape, 4k window): session 4's
+    # pick, Q prefetched a tile ahead, 1.00-1.06x FA3 (64-key blocks there: -5 to -9 %).
     (64, True, False): (
-        "queue_with_work+pv_wait_mid+q_tma+mma_wgs=3+block_n=64",
+        "queue+overlap+q_prefetch+mma_wgs=3",
         "queue_with_work+pv_wait_mid+q_tma+mma_wgs=3+block_n=64",
     ),
     (64, True, True): (
-        "queue_with_work+pv_wait_mid+q_tma+mma_wgs=3+block_n=64",
+        "queue+overlap+q_prefetch+mma_wgs=3",
         "queue_with_work+pv_wait_mid+q_tma+mma_wgs=3+block_n=64",
     ),
     # Head dim 128, long batches below page 128: V loaded by the producer's second warp
