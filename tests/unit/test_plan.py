@@ -448,7 +448,7 @@ def test_window_makes_a_chunk_after_a_long_prefix_short_work():
 def test_head_dim_64_windows_pick_by_width():
     """Head dim 64 with a window (policy.TABLE): gpt-oss's 128-key window makes every batch
     short (two or three K/V tiles a work tile) and gets 64-key blocks; a 4k window makes long
-    prompts long batches and keeps 128-key blocks (64-key ones lost 5-9 % there, session 12)."""
+    prompts long batches and keeps 128-key blocks (64-key ones lost 8-11 % there, session 12)."""
     gpt_oss = dict(hq=64, hkv=8, d=64)
     narrow = [(16384, 16384)], [(2048, 65536 + 2048)], [(512, 512)] * 32
     for page in (16, 128):

@@ -48,10 +48,10 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # GQA 8, so a row's 128 keys span about 151; 128-key blocks compute 2-3x that, 64-key
     # ones 1.3-1.7x), Q by TMA with the tile's TileWork, the P V wait mid-softmax (2026-11-27,
     # session 12, H100, gpt-oss shape with sinks, pages 16 and 128, 512x32 to 16k and 2k after
-    # 64k, over session 4's Q-prefetch pick: +14 to +25 % in three runs, 0.93-1.12x FA3 on
-    # contiguous K/V, was 0.80-0.91x; 32-key blocks 10-20 % behind 64). Long batches, which
+    # 64k, over session 4's Q-prefetch pick: +16 to +26 % in three runs, 0.92-1.13x FA3 on
+    # contiguous K/V, was 0.80-0.91x; 32-key blocks 9-20 % behind 64). Long batches, which
     # windows of more than about 2k keys make (Llama-3.2-1B shape, 4k window): session 4's
-    # pick, Q prefetched a tile ahead, 1.00-1.06x FA3 (64-key blocks there: -5 to -9 %).
+    # pick, Q prefetched a tile ahead, 1.00-1.06x FA3 (64-key blocks there: -8 to -11 %).
     (64, True, False): (
         "queue+overlap+q_prefetch+mma_wgs=3",
         "queue_with_work+pv_wait_mid+q_tma+mma_wgs=3+block_n=64",
