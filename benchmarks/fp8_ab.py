@@ -15,6 +15,8 @@ Contenders per case (same seeded values; testing.cases: permuted pages, NaN in u
   ours-bf16   our kernel on a bf16 cache holding the dequantized values (its serving pick):
               what reading fp8 costs our kernel (ours-fp16 with --dtype float16)
   FA3-bf16    vLLM's paged FA3 on that bf16 cache (FA3-fp16)
+--window-left N, --softcap C and --sinks give every contender that model feature (as
+variants_ab.py; e.g. gpt-oss's windowed layers: --models gpt-oss-20b --window-left 127 --sinks).
 Every row shows its time over FA3-fp8's (``/FA3fp8``: > 1 is faster than FA3-fp8).
 Times: median over --rounds interleaved rounds of triton's do_bench median.
 
@@ -46,7 +48,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import MODELS, attention_flops  # noqa: E402
-from variants_ab import CASES  # noqa: E402
+from variants_ab import CASES, _softcap, _window_left, mask_header, mask_tag  # noqa: E402
 
 from vllm_fa4.kernels.config import FP8_E4M3, KernelConfig, KernelKey  # noqa: E402
 from vllm_fa4.paged_prefill.policy import serving_configs  # noqa: E402
@@ -62,6 +64,8 @@ LONG_CASES = {
 }
 ACCURACY_CASES = "512@32k,512@128k,2k@64k"
 ALL_CASES = {**CASES, **LONG_CASES}
+# --window-left / --softcap / --sinks: the model features every case, ours and FA3 alike, gets
+FEATURES = dict(window_left=None, softcap=None, sinks=False)
 
 
 def _build(entry) -> None:
@@ -80,7 +84,15 @@ def precompile(models, pages, fp8_variants, jobs: int) -> None:
         for page in pages:
             for kv in (None, FP8_E4M3):
                 key = KernelKey.for_layer(
-                    DT, shape.head_dim, page, shape.num_q_heads, shape.num_kv_heads, kv_dtype=kv
+                    DT,
+                    shape.head_dim,
+                    page,
+                    shape.num_q_heads,
+                    shape.num_kv_heads,
+                    sliding_window=FEATURES["window_left"] is not None,
+                    softcap=FEATURES["softcap"] is not None,
+                    sinks=FEATURES["sinks"],
+                    kv_dtype=kv,
                 )
                 configs = set(serving_configs(key).all)
                 if kv is not None:
@@ -90,6 +102,12 @@ def precompile(models, pages, fp8_variants, jobs: int) -> None:
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(_build, sorted(entries, key=repr)))
     print(f"{len(entries)} kernels compiled or loaded in {time.perf_counter() - t0:.0f} s")
+
+
+def _label(model, name, page) -> str:
+    """A row's label: model, case and page, then the model features when there are any."""
+    features = mask_tag(**FEATURES)  # the default model's tag: the features only
+    return f"{model} {name} p{page}" + (f" {features}" if features else "")
 
 
 def fa3_fp8_call(case, out):
@@ -121,6 +139,7 @@ def fa3_fp8_call(case, out):
             q_descale=q_d,
             k_descale=k_d,
             v_descale=v_d,
+            **case.fa3_features,
         )
 
     return fn
@@ -131,7 +150,15 @@ def sixteen_bit_source(case):
     (same pages, q, NaN slots)."""
     c = case
     return make_paged_case(
-        c.specs, c.num_q_heads, c.num_kv_heads, c.head_dim, c.page_size, DT, "cuda", seed=0
+        c.specs,
+        c.num_q_heads,
+        c.num_kv_heads,
+        c.head_dim,
+        c.page_size,
+        DT,
+        "cuda",
+        seed=0,
+        **FEATURES,
     )
 
 
@@ -163,7 +190,7 @@ def make_case(model, specs, page):
     """The seeded fp8-cache case every contender of (model, specs, page) runs on."""
     shape = MODELS[model]
     hq, hkv, hd = shape.num_q_heads, shape.num_kv_heads, shape.head_dim
-    return make_paged_case(specs, hq, hkv, hd, page, DT, "cuda", seed=0, fp8_kv=True)
+    return make_paged_case(specs, hq, hkv, hd, page, DT, "cuda", seed=0, fp8_kv=True, **FEATURES)
 
 
 def profile(model, name, specs, page, fp8_variants):
@@ -177,7 +204,7 @@ def profile(model, name, specs, page, fp8_variants):
         fn()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
-    print(f"profiled {model} {name} p{page}, launch order: {', '.join(fns)}", flush=True)
+    print(f"profiled {_label(model, name, page)}, launch order: {', '.join(fns)}", flush=True)
 
 
 class Errors(NamedTuple):
@@ -209,7 +236,7 @@ def accuracy(model, name, specs, page, fp8_variants) -> dict[str, float]:
         out = fn()
         torch.cuda.synchronize()
         found[n] = (errors(out, ref_fp8), errors(out, ref_16))
-    label = f"{model} {name} p{page}"
+    label = _label(model, name, page)
     base = found[BASELINE][1].mean_abs
     for i, (n, (e8, e16)) in enumerate(found.items()):
         print(
@@ -230,8 +257,10 @@ def run(model, name, specs, page, fp8_variants, rounds):
             times[n].append(do_bench(fns[n], return_mode="median") * 1e-3)
     med = {n: statistics.median(ts) for n, ts in times.items()}
     shape = MODELS[model]
-    flops = attention_flops(specs, shape.num_q_heads, shape.head_dim)
-    label = f"{model} {name} p{page}"
+    flops = attention_flops(
+        specs, shape.num_q_heads, shape.head_dim, window_left=FEATURES["window_left"]
+    )
+    label = _label(model, name, page)
     for i, n in enumerate(names):
         t = med[n]
         spread = (max(times[n]) - min(times[n])) / t if rounds > 1 else 0.0
@@ -267,6 +296,16 @@ def parse_args(argv=None):
         choices=("bfloat16", "float16"),
         help="the model's dtype (Q, output, the 16-bit twin cache)",
     )
+    ap.add_argument(
+        "--window-left",
+        type=_window_left,
+        default=None,
+        help="sliding window for every contender (as variants_ab.py)",
+    )
+    ap.add_argument(
+        "--softcap", type=_softcap, default=None, help="logit soft cap (as variants_ab.py)"
+    )
+    ap.add_argument("--sinks", action="store_true", help="per-head sink logits (as variants_ab.py)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument(
         "--profile", action="store_true", help="each contender once in a profiler window; no timing"
@@ -289,6 +328,7 @@ def main(argv=None):
     global DT
     args = parse_args(argv)
     DT = getattr(torch, args.dtype)
+    FEATURES.update(window_left=args.window_left, softcap=args.softcap, sinks=args.sinks)
     variants = [
         None if spec == "default" else KernelConfig.parse(spec)
         for spec in args.fp8_variants.split()
@@ -297,7 +337,7 @@ def main(argv=None):
     precompile(args.models.split(","), pages, variants, args.jobs)
     print(
         f"device={torch.cuda.get_device_name()} dtype={args.dtype} kv=float8_e4m3fn "
-        f"rounds={args.rounds}"
+        f"rounds={args.rounds} {mask_header(**FEATURES)}"
     )
     ratios: dict[str, list[float]] = {}
     for model in args.models.split(","):

@@ -37,3 +37,17 @@ def test_accuracy_defaults_to_the_long_contexts_and_refuses_unknown_cases():
         fp8_ab.parse_args(["--cases", "512@1m"])
     with pytest.raises(SystemExit):  # one mode at a time
         fp8_ab.parse_args(["--accuracy", "--profile"])
+
+
+def test_model_features_reach_the_keys_and_the_labels(monkeypatch):
+    """--window-left / --softcap / --sinks: parsed and checked as in variants_ab.py, and every
+    row label names them (a windowed log cannot pass for a plain one)."""
+    args = fp8_ab.parse_args(["--window-left", "127", "--sinks", "--softcap", "50"])
+    assert (args.window_left, args.softcap, args.sinks) == (127, 50.0, True)
+    for bad in (["--window-left", "-1"], ["--softcap", "0"]):
+        with pytest.raises(SystemExit):
+            fp8_ab.parse_args(bad)
+    assert fp8_ab._label("llama-3.1-8b", "4kx4", 16) == "llama-3.1-8b 4kx4 p16"
+    monkeypatch.setitem(fp8_ab.FEATURES, "window_left", 127)
+    monkeypatch.setitem(fp8_ab.FEATURES, "sinks", True)
+    assert fp8_ab._label("gpt-oss-20b", "4kx4", 16) == "gpt-oss-20b 4kx4 p16 w127 sinks"
