@@ -814,8 +814,9 @@ def test_precompile_lists_the_serving_configs_and_drops_unsupported():
     configs = {job[1] for job in jobs}
     (served,) = {serving_configs(key).all for key in keys}  # "default": the key's picks
     assert configs == {*served, KernelConfig.parse(two), KernelConfig.parse("overlap+mma_wgs=3")}
-    assert len(served) == 1 and KernelConfig.parse(two) not in served
-    assert len(jobs) == 2 * 3 * 2  # pages x configs x lse, no duplicates
+    # the windowed head-dim-64 row's long and short picks (policy.TABLE)
+    assert len(served) == 2 and KernelConfig.parse(two) not in served
+    assert len(jobs) == 2 * 4 * 2  # pages x configs x lse, no duplicates
     # a config that cannot build the key is dropped, not compiled into an error
     args.model, args.configs = "llama-3.1-8b", "overlap+mma_wgs=3 queue+overlap"
     assert {job[1] for job in precompile.jobs(args)} == {KernelConfig()}
