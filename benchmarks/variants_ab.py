@@ -60,10 +60,15 @@ CASES = {
 
 
 def parse_contender(text: str) -> tuple[KernelConfig | None, dict]:
-    """``"spec[@l2=MiB]"`` -> (config, plan_prefill options); spec ``default``: None, the
-    key's default config."""
+    """``"spec[@l2=MiB]"`` -> (config, ``PagedCase.plan`` options); spec ``default``: None,
+    the key's served configs; ``default+values``: the served configs with ``values`` added
+    (an ``overlay``, e.g. one axis against the served pick)."""
     spec, _, option = text.partition("@")
     options = {}
+    if spec.startswith("default+"):
+        options["overlay"] = spec.removeprefix("default+")
+        KernelConfig.parse(options["overlay"])  # a misspelling fails before any GPU work
+        spec = "default"
     if option:
         name, _, value = option.partition("=")
         if name != "l2":
@@ -248,7 +253,11 @@ def main(argv=None):
     if args.variants and "@" in args.variants:
         contenders = list(dict.fromkeys(args.variants.split()))
     else:
-        contenders = list(dict.fromkeys(config_id(c) for c in parse_configs(args.variants)))
+        specs = args.variants.replace(";", " ").split()
+    overlays = [s for s in specs if s.startswith("default+")]  # parse_contender reads them
+    rest = " ".join(s for s in specs if s not in overlays)
+    ids = [config_id(c) for c in parse_configs(rest)] if rest else []
+    contenders = list(dict.fromkeys([*ids, *overlays]))
     pages = {int(p) for p in args.pages.split(",")}
     print(
         f"device={torch.cuda.get_device_name()} model={args.model} contenders={contenders} "

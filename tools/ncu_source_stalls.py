@@ -11,7 +11,9 @@ then, anywhere:
     python3 tools/ncu_source_stalls.py source.csv [--top 25]
 
 Prints, for each kernel in the file: its warp-stall samples by reason (share of all samples)
-and the instructions holding the most samples with their main reasons.
+and the instructions holding the most samples with their main reasons. ``--by-opcode``
+instead prints each kernel's executed warp instructions by SASS opcode (the instruction mix
+behind InstructionStats' total, to set two kernels' counts side by side).
 """
 
 from __future__ import annotations
@@ -88,10 +90,35 @@ def report(kernel: Kernel, top: int) -> str:
     return "\n".join(lines)
 
 
+EXECUTED = "Instructions Executed"
+
+
+def opcode_of(source: str) -> str:
+    """``@!P0 BRA `(.L_x_1)`` -> ``BRA``; the opcode's modifiers are kept apart
+    (``HGMMA.64x128x16.F32.BF16`` -> ``HGMMA``)."""
+    words = source.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].split(".")[0] if words else "?"
+
+
+def by_opcode(kernel: Kernel, top: int) -> str:
+    counts: dict[str, float] = {}
+    for r in kernel.rows:
+        op = opcode_of(r.get("Source", ""))
+        counts[op] = counts.get(op, 0.0) + _num(r.get(EXECUTED, "0"))
+    total = sum(counts.values()) or 1.0
+    lines = [f"== {kernel.name[:60]}  warp instructions executed {total / 1e6:.2f} M"]
+    for op, n in sorted(counts.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"   {op:<10} {n / 1e6:9.3f} M  {100 * n / total:5.1f}%")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("csv", help="ncu --page source --csv output (.xz accepted)")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--by-opcode", action="store_true", help="executed instructions by SASS opcode")
     args = ap.parse_args(argv)
     opener = lzma.open if args.csv.endswith(".xz") else open
     with opener(args.csv, "rt") as f:
@@ -100,7 +127,7 @@ def main(argv=None) -> int:
         print(f"no kernel blocks in {args.csv}", file=sys.stderr)
         return 1
     for k in kernels:
-        print(report(k, args.top))
+        print(by_opcode(k, args.top) if args.by_opcode else report(k, args.top))
     return 0
 
 

@@ -168,6 +168,14 @@ def tile_geometry(key: KernelKey, mma_wgs: int = 2, block_n: int = 0) -> TileGeo
     return TileGeometry(tile_m, tile_n, tile_m // max(key.qhead_per_kvhead, 1))
 
 
+def grid_shift_keys(key: KernelKey, tile_n: int) -> int:
+    """The granularity by which a windowed tile shifts its K/V block grid to start at its
+    leftmost window key's page (tile_scheduler.tile_work; plan.build_work_tiles counts the
+    same blocks): one page where pages are shorter than a block, else 0 (no shift: a block
+    is one TMA box inside a page and cannot start mid-box)."""
+    return key.page_size if key.sliding_window and key.page_size < tile_n else 0
+
+
 class Tiles(Enum):
     """How a CTA gets its work tiles (tile_scheduler.py)."""
 

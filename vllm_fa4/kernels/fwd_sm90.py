@@ -49,6 +49,7 @@ from vllm_fa4.kernels.config import (
     PageRead,
     QLoad,
     Tiles,
+    grid_shift_keys,
 )
 from vllm_fa4.kernels.epilogue import write_output
 from vllm_fa4.kernels.fp8_kv import (
@@ -63,6 +64,7 @@ from vllm_fa4.kernels.fp8_kv import (
 from vllm_fa4.kernels.mask import apply_causal_mask
 from vllm_fa4.kernels.paged_kv import (
     D_CHUNK,
+    block_first_key,
     issue_paged_tile,
     kv_smem_order,
     load_paged_tile,
@@ -247,6 +249,9 @@ class Sm90PagedPrefill:
         self.page_size = key.page_size
         # (tile_n, box_n, page_size): the trailing arguments of the paged_kv helpers
         self.paged_tile_geometry = (self.tile_n, self.box_n, self.page_size)
+        # A window's tiles shift their block grid by whole pages where a page is shorter
+        # than a block (tile_scheduler.tile_work).
+        self.shift_keys = grid_shift_keys(key, self.tile_n)
         self.stages = KV_STAGES
         # An fp8 cache: TMA fills a staging ring of fp8 tiles that converter warps turn
         # into the 16-bit K/V stages (fp8_kv.py); the TMA ring is the staging ring then.
@@ -282,7 +287,9 @@ class Sm90PagedPrefill:
         self.pages_ahead = cfg.page_read is PageRead.BLOCK_AHEAD
         self.staged_epilogue = cfg.epilogue is Epilogue.STAGED
         # `queue_work`: the TileWork fields a tile-queue slot carries after the tile index
-        self.queue_work_words = queue_work_words(self.queue_work, key.sliding_window)
+        self.queue_work_words = queue_work_words(
+            self.queue_work, key.sliding_window, bool(self.shift_keys)
+        )
         assert self.tile_n % self.box_n == 0 and self.head_dim % D_CHUNK == 0
 
     # ---------------------------------------------------------------- host-side helpers
@@ -617,6 +624,7 @@ class Sm90PagedPrefill:
             self.tokens_per_tile,
             self.tile_n,
             window_left,
+            self.shift_keys,
         )
         first_tile = cute.arch.block_idx()[0]
         pipeline.pipeline_init_wait()
@@ -942,16 +950,27 @@ class Sm90PagedPrefill:
                 cost_ptr = mWorkTiles[tile, None].iterator + 3
                 cute.arch.atomic_add(cost_ptr, Int32(1), sem="relaxed", scope="gpu")
 
-    def _block_pages(self, page_row, k_len, num_blocks, n_block):
+    def _block_pages(self, page_row, k_len, num_blocks, key_offset, n_block):
         """With `page_prefetch`, this lane's share of block n_block's page-table entries
         (read_block_pages), read a block before its loads; otherwise None: the loads read
-        them after the stage acquire."""
+        them after the stage acquire. The four before n_block: the producer's `ctx`."""
         if not self.pages_ahead:
             return None
-        return read_block_pages(page_row, k_len, num_blocks, n_block, *self.paged_tile_geometry)
+        return read_block_pages(
+            page_row, k_len, num_blocks, n_block, *self.paged_tile_geometry, key_offset
+        )
 
     def _load_tile(
-        self, src: KvSource, state, page_row, k_len, num_blocks, n_block, pages, q_boxes=None
+        self,
+        src: KvSource,
+        state,
+        page_row,
+        k_len,
+        num_blocks,
+        key_offset,
+        n_block,
+        pages,
+        q_boxes=None,
     ):
         """Acquire the stage and issue a K or V tile; `q_boxes(mbar)` (`q_tma`, the tile's
         first K) puts the tile's Q on the same mbarrier first."""
@@ -973,6 +992,7 @@ class Sm90PagedPrefill:
                 mbar,
                 *self.paged_tile_geometry,
                 src.boxes_per_block,
+                key_offset,
             )
         else:
             issue_paged_tile(
@@ -985,6 +1005,7 @@ class Sm90PagedPrefill:
                 mbar,
                 *self.paged_tile_geometry,
                 src.boxes_per_block,
+                key_offset,
             )
 
     def _kv_source(self, pipe, atom, mX_tma, sX, kv_head, boxes_per_block) -> KvSource:
@@ -1007,7 +1028,7 @@ class Sm90PagedPrefill:
             # The consumers freed this Q stage after their last Q K^T two tiles ago.
             cute.arch.mbarrier_wait(q_load.empty + q_state.index, q_state.phase)
             q_boxes = partial(self.issue_q_boxes, work, q_load, q_state.index)
-        ctx = (mPageTable[work.batch, None], work.k_len, pool.num_blocks)
+        ctx = (mPageTable[work.batch, None], work.k_len, pool.num_blocks, work.key_offset)
         head, boxes = work.kv_head, pool.boxes_per_block
         k_src = self._kv_source(pipe_k, tma_atom_K, mK_tma, sK, head, boxes)
         v_src = self._kv_source(pipe_v, tma_atom_V, mV_tma, sV, head, boxes)
@@ -1071,7 +1092,7 @@ class Sm90PagedPrefill:
         mPageTable, mV_tma, tma_atom_V, sV, pool, pipe_v = args
         boxes = pool.boxes_per_block
         v_src = self._kv_source(pipe_v, tma_atom_V, mV_tma, sV, work.kv_head, boxes)
-        ctx = (mPageTable[work.batch, None], work.k_len, pool.num_blocks)
+        ctx = (mPageTable[work.batch, None], work.k_len, pool.num_blocks, work.key_offset)
         return self.issue_blocks((v_src,), state, ctx, work.n_block_max, work.n_block_min)
 
     @cute.jit
@@ -1265,11 +1286,10 @@ class Sm90PagedPrefill:
         apply_causal_mask(
             acc_S,
             tScS,
-            n_block,
+            block_first_key(n_block, self.tile_n, work.key_offset),
             work.first_token,
             diag,
             self.qhead_per_kvhead,
-            self.tile_n,
             window_left,
         )
 
@@ -1562,7 +1582,7 @@ class Sm90PagedPrefill:
     def wait_first_v(self, sV, work, n_block, state, pipe_v, tidx: Int32, wg: Int32):
         """Wait for a tile's first V block; zero its rows past the last key."""
         pipe_v.consumer_wait(state)
-        valid_rows = work.k_len - n_block * self.tile_n
+        valid_rows = work.k_len - block_first_key(n_block, self.tile_n, work.key_offset)
         if valid_rows < self.tile_n:
             self.zero_v_tail(sV, state.index, valid_rows, tidx, wg)
 

@@ -123,6 +123,14 @@ def box_page(page_row, token: Int32, last_page: Int32, k_len: Int32, num_blocks:
     return page
 
 
+def block_first_key(n_block, tile_n: int, key_offset=0):
+    """Block n_block's first key in its tile's grid (``TileWork.key_offset``: the Python int
+    0 without a shift, which leaves the unshifted expression alone)."""
+    if isinstance(key_offset, int) and key_offset == 0:
+        return n_block * tile_n
+    return n_block * tile_n + key_offset
+
+
 @cute.jit
 def load_paged_tile(
     tma_atom: cute.CopyAtom,
@@ -138,11 +146,13 @@ def load_paged_tile(
     box_n: cutlass.Constexpr[int],
     page_size: cutlass.Constexpr[int],
     boxes_per_block=None,  # `wide_box`: boxes of box_n slots per cache block, else None
+    key_offset=0,  # TileWork.key_offset
 ):
     """Issue every box of K/V tile n_block into `stage`, all on the stage's mbarrier."""
     last_page = last_page_of(page_row, k_len, page_size)
+    first_key = block_first_key(n_block, tile_n, key_offset)
     for b in cutlass.range_constexpr(tile_n // box_n):
-        token = n_block * tile_n + b * box_n
+        token = first_key + b * box_n
         page = box_page(page_row, token, last_page, k_len, num_blocks, page_size)
         rowblk = (token % page_size) // box_n
         _issue_box(tma_atom, tXs, tXg, b, rowblk, page, stage, mbar, boxes_per_block)
@@ -161,6 +171,7 @@ def read_block_pages(
     tile_n: cutlass.Constexpr[int],
     box_n: cutlass.Constexpr[int],
     page_size: cutlass.Constexpr[int],
+    key_offset=0,  # TileWork.key_offset
 ):
     """This lane's share of block n_block's pages: box min(lane, last box)'s page, as
     load_paged_tile computes it (num_blocks past k_len: zero fill)."""
@@ -168,7 +179,7 @@ def read_block_pages(
     box = 0
     if cutlass.const_expr(boxes > 1):
         box = cutlass.min(cute.arch.lane_idx(), boxes - 1)
-    token = n_block * tile_n + box * box_n
+    token = block_first_key(n_block, tile_n, key_offset) + box * box_n
     last_page = last_page_of(page_row, k_len, page_size)
     return box_page(page_row, token, last_page, k_len, num_blocks, page_size)
 
@@ -186,13 +197,15 @@ def issue_paged_tile(
     box_n: cutlass.Constexpr[int],
     page_size: cutlass.Constexpr[int],
     boxes_per_block=None,
+    key_offset=0,  # TileWork.key_offset
 ):
     """load_paged_tile with the pages already read: box b's page comes from lane b."""
     boxes = tile_n // box_n
+    first_key = block_first_key(n_block, tile_n, key_offset)
     for b in cutlass.range_constexpr(boxes):
         page = lane_pages
         if cutlass.const_expr(boxes > 1):
             page = cute.arch.shuffle_sync(lane_pages, b)
-        token = n_block * tile_n + b * box_n
+        token = first_key + b * box_n
         rowblk = (token % page_size) // box_n
         _issue_box(tma_atom, tXs, tXg, b, rowblk, page, stage, mbar, boxes_per_block)

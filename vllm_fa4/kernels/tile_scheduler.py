@@ -25,6 +25,10 @@ class TileWork:
     # Sliding window only (else the Python int 0, so the plain causal code is unchanged):
     n_block_min: Int32  # first visited block: the one holding the tile's leftmost window key
     n_block_left_mask: Int32  # blocks < this one need the window's left-edge mask
+    # Keys the tile's block grid is shifted right by (block n holds keys from n * tile_n +
+    # key_offset; WorkList.shift_keys): the first block starts at the page of the tile's
+    # leftmost window key instead of at a multiple of tile_n.
+    key_offset: Int32
 
 
 class WorkList(NamedTuple):
@@ -37,6 +41,9 @@ class WorkList(NamedTuple):
     tokens_per_tile: int
     tile_n: int
     window_left: object  # Int32, or None without a window
+    # With a window and K/V boxes shorter than a block (pages below tile_n keys): the
+    # granularity of the tile's block-grid shift (the box, one page), else 0 (no shift).
+    shift_keys: int
 
 
 @cute.jit
@@ -48,6 +55,7 @@ def tile_work(
     tokens_per_tile: cutlass.Constexpr[int],
     tile_n: cutlass.Constexpr[int],
     window_left,  # Int32 keys left of a row's diagonal it still sees, or None (no window)
+    shift_keys: cutlass.Constexpr[int],  # WorkList.shift_keys
     tile_idx: Int32,
 ) -> TileWork:
     batch = mWorkTiles[tile_idx, 0]
@@ -64,17 +72,37 @@ def tile_work(
     diag = k_len - q_len
     # Keys visible to the last valid row of the tile; <= k_len because last_token < q_len.
     n_keys = cutlass.max(diag + last_token + 1, 0)
-    n_block_max = (n_keys + tile_n - 1) // tile_n
+    # The shifted grid (windows with boxes below a block, WorkList.shift_keys) starts at the
+    # page of the tile's leftmost window key: a 24-token tile of a 128-key window spans 151
+    # keys, 3 blocks of 64 from its page against 3.3 on average from a multiple of 64.
+    # Without a shift key_offset is the Python int 0 and every expression below is the
+    # unshifted grid's, op for op.
+    key_offset = 0
+    if cutlass.const_expr(window_left is not None and shift_keys):
+        left_key = cutlass.max(diag + first_token - window_left, 0)
+        key_offset = (left_key - left_key % shift_keys) % tile_n  # <= left_key < n_keys
+    last_keys = n_keys
+    if cutlass.const_expr(shift_keys):
+        last_keys = n_keys - key_offset
+    n_block_max = (last_keys + tile_n - 1) // tile_n
     if last_token < first_token:  # empty tile (q_len == 0 or m_block past the end)
         n_block_max = Int32(0)
-    # Block n is fully visible to every row iff (n+1)*tile_n <= diag + first_token + 1.
-    n_block_mask = cutlass.max(diag + first_token + 1, 0) // tile_n
+    # Block n is fully visible to every row iff (n+1)*tile_n + key_offset <= diag +
+    # first_token + 1 (key_offset <= left_key <= diag + first_token).
+    first_row_keys = cutlass.max(diag + first_token + 1, 0)
+    if cutlass.const_expr(shift_keys):
+        first_row_keys = first_row_keys - key_offset
+    n_block_mask = first_row_keys // tile_n
     n_block_min, n_block_left_mask = 0, 0
     if cutlass.const_expr(window_left is not None):
         # Row t sees keys [diag + t - window_left, diag + t]: the first row reaches furthest
-        # left, the last valid row's left edge is the furthest right.
+        # left, the last valid row's left edge is the furthest right. With a shift, key_offset is
+        # left_key's page start modulo tile_n, so left_key still lies in block
+        # left_key // tile_n.
         n_block_min = cutlass.max(diag + first_token - window_left, 0) // tile_n
         left_edge = cutlass.max(diag + last_token - window_left, 0)
+        if cutlass.const_expr(shift_keys):
+            left_edge = left_edge - key_offset
         n_block_left_mask = (left_edge + tile_n - 1) // tile_n
         if last_token < first_token:
             n_block_min = Int32(0)
@@ -90,6 +118,7 @@ def tile_work(
         n_block_mask,
         n_block_min,
         n_block_left_mask,
+        key_offset,
     )
 
 
@@ -108,13 +137,14 @@ WORK_WORDS = (
     "n_block_mask",
 )
 WINDOW_WORDS = ("n_block_min", "n_block_left_mask")
+SHIFT_WORDS = ("key_offset",)  # windows with a shifted grid (WorkList.shift_keys) only
 
 
-def queue_work_words(with_work: bool, windowed: bool) -> tuple:
+def queue_work_words(with_work: bool, windowed: bool, shifted: bool = False) -> tuple:
     """The TileWork fields a queue slot holds after the tile index (`queue_work`)."""
     if not with_work:
         return ()
-    return WORK_WORDS + (WINDOW_WORDS if windowed else ())
+    return WORK_WORDS + (WINDOW_WORDS if windowed else ()) + (SHIFT_WORDS if shifted else ())
 
 
 class TileQueue:
@@ -211,7 +241,7 @@ class TileQueue:
     def take_work(self, state):
         """Consumer threads: the held slot's TileWork (fields not in the slot are 0); frees
         the slot. Returns (work, state)."""
-        fields = {name: 0 for name in WINDOW_WORDS}
+        fields = {name: 0 for name in WINDOW_WORDS + SHIFT_WORDS}
         for i in cutlass.range_constexpr(len(self.work_words)):
             fields[self.work_words[i]] = self.slots[state.index, 1 + i]
         self.pipe.consumer_release(state)

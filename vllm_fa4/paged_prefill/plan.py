@@ -21,7 +21,13 @@ from functools import partial
 import numpy as np
 import torch
 
-from vllm_fa4.kernels.config import KernelConfig, KernelKey, TileGeometry, check_window
+from vllm_fa4.kernels.config import (
+    KernelConfig,
+    KernelKey,
+    TileGeometry,
+    check_window,
+    grid_shift_keys,
+)
 from vllm_fa4.kernels.launch import LaunchArgs
 from vllm_fa4.paged_prefill.policy import ServingConfigs
 from vllm_fa4.paged_prefill.route import select_route
@@ -86,11 +92,14 @@ def build_work_tiles(
     kv_bytes_per_token: int = 0,
     l2_section_bytes: int | None = None,
     window_left: int | None = None,
+    shift_keys: int = 0,
 ) -> np.ndarray:
     """LPT work list on the CPU: int64 [num_tiles, 4] rows (batch, kv_head, m_block, cost).
 
     ``cost`` counts the K/V tiles a tile visits: [n_block_min, n_block_max), n_block_min
     > 0 only with a sliding window (``window_left``: keys a row sees left of its diagonal).
+    ``shift_keys`` (``config.grid_shift_keys``): the window's tile starts its block grid at
+    its leftmost key's page, as the kernel does (tile_scheduler.tile_work).
 
     With ``l2_section_bytes``, the (request, KV head) pairs are cut into sections whose K/V
     (``kv_bytes_per_token`` per key) fits that many bytes, longest pairs first, and the list
@@ -127,7 +136,11 @@ def build_work_tiles(
     if window_left is not None:
         # The tile's first token reaches furthest left: [prefix + first - window_left, ...].
         first = m_block * tokens_per_tile
-        n_block_min = np.maximum(k_len - q_len + first - window_left, 0) // tile_n
+        left_key = np.maximum(k_len - q_len + first - window_left, 0)
+        n_block_min = left_key // tile_n
+        if shift_keys:
+            key_offset = (left_key - left_key % shift_keys) % tile_n
+            cost = (visible - key_offset + tile_n - 1) // tile_n
         cost = np.maximum(cost - n_block_min, 0)
     if l2_section_bytes is None:
         order = np.argsort(-cost, kind="stable")  # longest first; ties keep enumeration order
@@ -252,7 +265,7 @@ def plan_prefill(
         raise ValueError(
             f"GQA group size {key.qhead_per_kvhead} exceeds the M tile ({geometry.tile_m} rows)"
         )
-    tile = partial(
+    tiles_of = partial(
         build_work_tiles,
         q_lens,
         k_lens,
@@ -261,6 +274,10 @@ def plan_prefill(
         l2_section_bytes=l2_section_bytes,
         window_left=window_left,
     )
+
+    def tile(tokens_per_tile: int, tile_n: int) -> np.ndarray:
+        return tiles_of(tokens_per_tile, tile_n, shift_keys=grid_shift_keys(key, tile_n))
+
     tiles = tile(geometry.tokens_per_tile, geometry.tile_n)
     num_tiles = tiles.shape[0]
     total_work = int(tiles[:, 3].sum()) if num_tiles else 0
