@@ -308,9 +308,6 @@ class KernelConfig:
     # test can check each tile ran exactly once (tests/gpu/test_tile_scheduler.py).
     count_visits: bool = False
     fp8_qk: Fp8Qk = Fp8Qk.CONVERTED_K
-    # TEMPORARY (session 13's A/B, removed once decided): a window's block grid aligned to
-    # multiples of the block as before, not shifted to its first page (grid_shift_keys).
-    grid_aligned: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> KernelConfig:
@@ -324,7 +321,7 @@ class KernelConfig:
             name, eq, number = token.partition("=")
             if name in ("mma_wgs", "block_n") and eq:
                 field, value = name, _int_value(name, number, token)
-            elif token in ("v_warp", "lazy_max", "grid_aligned"):
+            elif token in ("v_warp", "lazy_max"):
                 field, value = token, True
             elif token in _BY_SPELLING:
                 value = _BY_SPELLING[token]
@@ -342,7 +339,7 @@ class KernelConfig:
     @classmethod
     def spellings(cls) -> str:
         values = [member.value for axis in AXES for member in axis]
-        return ", ".join([*values, "v_warp", "lazy_max", "grid_aligned", "mma_wgs=N", "block_n=N"])
+        return ", ".join([*values, "v_warp", "lazy_max", "mma_wgs=N", "block_n=N"])
 
     @property
     def spec(self) -> str:
@@ -356,7 +353,6 @@ class KernelConfig:
             "page_read",
             "epilogue",
             "lazy_max",
-            "grid_aligned",
             "fp8_qk",
         ):
             value = getattr(self, name)

@@ -251,7 +251,7 @@ class Sm90PagedPrefill:
         self.paged_tile_geometry = (self.tile_n, self.box_n, self.page_size)
         # A window's tiles shift their block grid by whole pages where a page is shorter
         # than a block (tile_scheduler.tile_work).
-        self.shift_keys = 0 if cfg.grid_aligned else grid_shift_keys(key, self.tile_n)
+        self.shift_keys = grid_shift_keys(key, self.tile_n)
         self.stages = KV_STAGES
         # An fp8 cache: TMA fills a staging ring of fp8 tiles that converter warps turn
         # into the 16-bit K/V stages (fp8_kv.py); the TMA ring is the staging ring then.
