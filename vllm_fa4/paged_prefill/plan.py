@@ -9,7 +9,9 @@ Work list: one row ``(batch, kv_head, m_block, cost)`` per CTA. M tile ``m_block
 ``n_block_max = ceil(min(k_len, prefix + last_token + 1) / tile_n)`` with prefix =
 k_len - q_len; with a sliding window the tile starts at ``n_block_min = max(0, prefix +
 first_token - window_left) // tile_n`` and cost = n_block_max - n_block_min (without one,
-n_block_min = 0). Rows are sorted by cost, longest first (LPT), across requests; ties keep
+n_block_min = 0); where pages are shorter than a K/V tile its blocks start at that first key's
+page, not at a multiple of tile_n (``config.grid_shift_keys``), and n_block_max counts from
+there. Rows are sorted by cost, longest first (LPT), across requests; ties keep
 (batch, kv_head, m_block) order so tiles reading the same K/V run side by side (L2 reuse).
 """
 
