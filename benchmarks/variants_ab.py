@@ -60,10 +60,15 @@ CASES = {
 
 
 def parse_contender(text: str) -> tuple[KernelConfig | None, dict]:
-    """``"spec[@l2=MiB]"`` -> (config, plan_prefill options); spec ``default``: None, the
-    key's default config."""
+    """``"spec[@l2=MiB]"`` -> (config, ``PagedCase.plan`` options); spec ``default``: None,
+    the key's served configs; ``default+values``: the served configs with ``values`` added
+    (an ``overlay``, e.g. one axis against the served pick)."""
     spec, _, option = text.partition("@")
     options = {}
+    if spec.startswith("default+"):
+        options["overlay"] = spec.removeprefix("default+")
+        KernelConfig.parse(options["overlay"])  # a misspelling fails before any GPU work
+        spec = "default"
     if option:
         name, _, value = option.partition("=")
         if name != "l2":

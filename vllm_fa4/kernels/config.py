@@ -256,7 +256,20 @@ class Fp8Qk(Enum):
     SPLIT_Q = "fp8_qk"
 
 
-AXES = (Tiles, BlockStep, QLoad, KvBox, PageRead, Epilogue, Fp8Qk)
+class MaskCols(Enum):
+    """How the causal mask compares a score's column with its row's limit (a temporary axis
+    for session 12's A/B, removed once decided; docs/perf-notes.md, session 12)."""
+
+    # Each element's column (the thread's first column plus a constant) against the limit:
+    # ptxas keeps one register per column alive across the block loop (head dim 64 at GQA
+    # group 1 spills 38 registers there).
+    ABSOLUTE = "mask_cols_absolute"
+    # The column's offset from the thread's first column, a constant, against the limit minus
+    # that first column: one subtraction a row, no per-column registers.
+    OFFSETS = "mask_col_offsets"
+
+
+AXES = (Tiles, BlockStep, QLoad, KvBox, PageRead, Epilogue, Fp8Qk, MaskCols)
 _BY_SPELLING = {member.value: member for axis in AXES for member in axis}
 
 
@@ -300,6 +313,7 @@ class KernelConfig:
     # test can check each tile ran exactly once (tests/gpu/test_tile_scheduler.py).
     count_visits: bool = False
     fp8_qk: Fp8Qk = Fp8Qk.CONVERTED_K
+    mask_cols: MaskCols = MaskCols.OFFSETS
 
     @classmethod
     def parse(cls, spec: str) -> KernelConfig:
@@ -346,6 +360,7 @@ class KernelConfig:
             "epilogue",
             "lazy_max",
             "fp8_qk",
+            "mask_cols",
         ):
             value = getattr(self, name)
             if value != getattr(default, name):
@@ -525,6 +540,7 @@ _FIELD_OF = {
     PageRead: "page_read",
     Epilogue: "epilogue",
     Fp8Qk: "fp8_qk",
+    MaskCols: "mask_cols",
 }
 
 

@@ -46,6 +46,7 @@ from vllm_fa4.kernels.config import (
     KernelConfig,
     KernelKey,
     KvBox,
+    MaskCols,
     PageRead,
     QLoad,
     Tiles,
@@ -1271,6 +1272,7 @@ class Sm90PagedPrefill:
             self.qhead_per_kvhead,
             self.tile_n,
             window_left,
+            self.cfg.mask_cols is MaskCols.OFFSETS,
         )
 
     @cute.jit

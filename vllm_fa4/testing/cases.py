@@ -28,6 +28,7 @@ of its diagonal), ``softcap`` and ``sinks`` ([Hq] float32 logits); ``key``, ``pl
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -185,15 +186,25 @@ class PagedCase:
             kv_dtype=self.kv_cache.dtype,
         )
 
-    def plan(self, config: KernelConfig | None = None, **options) -> PrefillPlan:
+    def plan(self, config: KernelConfig | None = None, overlay: str = "", **options) -> PrefillPlan:
         """``plan_prefill`` for this case (what the metadata builder would produce; config
         None: the key's serving configs, picked per batch; a config: that one for every
-        batch); ``options`` go to plan_prefill (e.g. ``l2_section_bytes``)."""
+        batch); ``overlay`` (config None only): values added to both serving configs' specs,
+        e.g. one axis to A/B against the served pick; ``options`` go to plan_prefill (e.g.
+        ``l2_section_bytes``)."""
+        configs = serving_configs(self.key, config)
+        if overlay:
+            assert config is None, "an overlay applies to the served configs only"
+            configs = dataclasses.replace(
+                configs,
+                long=KernelConfig.parse(f"{configs.long.spec}+{overlay}"),
+                short=KernelConfig.parse(f"{configs.short.spec}+{overlay}"),
+            )
         return plan_prefill(
             self.query_start_loc_cpu,
             self.seq_lens_cpu,
             key=self.key,
-            configs=serving_configs(self.key, config),
+            configs=configs,
             num_kv_heads=self.num_kv_heads,
             cu_seqlens_q=self.cu_seqlens_q,
             seqused_k=self.seqused_k,
