@@ -250,14 +250,11 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.variants and "@" in args.variants:
+    # Planner options (`@`) and overlays (`default+`) are read per contender by parse_contender.
+    if args.variants and ("@" in args.variants or "default+" in args.variants):
         contenders = list(dict.fromkeys(args.variants.split()))
     else:
-        specs = args.variants.replace(";", " ").split()
-    overlays = [s for s in specs if s.startswith("default+")]  # parse_contender reads them
-    rest = " ".join(s for s in specs if s not in overlays)
-    ids = [config_id(c) for c in parse_configs(rest)] if rest else []
-    contenders = list(dict.fromkeys([*ids, *overlays]))
+        contenders = list(dict.fromkeys(config_id(c) for c in parse_configs(args.variants)))
     pages = {int(p) for p in args.pages.split(",")}
     print(
         f"device={torch.cuda.get_device_name()} model={args.model} contenders={contenders} "

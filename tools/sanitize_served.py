@@ -96,7 +96,7 @@ SHAPES = (
     Shape("bfloat16", 64, 16, 32, 8),  # Llama-3.2-1B
     Shape("bfloat16", 64, 128, 32, 8),
     # GQA group 1 (OPT-1.3B): the one head-dim-64 key whose block loop ran out of registers
-    # (session 12; the mask's column offsets removed its spills)
+    # (the cause found in session 12; session 13's column offsets in the mask removed them)
     Shape("bfloat16", 64, 16, 32, 32),
     Shape("bfloat16", 64, 16, 64, 8, window=127, sinks=True),  # gpt-oss windowed layers
     Shape("bfloat16", 64, 16, 64, 8, sinks=True),  # gpt-oss global layers

@@ -18,7 +18,6 @@ there. Rows are sorted by cost, longest first (LPT), across requests; ties keep
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
 import numpy as np
 import torch
@@ -134,16 +133,16 @@ def build_work_tiles(
     # Keys visible to the tile's last token: prefix + last + 1 = k_len - q_len + end.
     end = np.minimum((m_block + 1) * tokens_per_tile, q_len)
     visible = np.maximum(np.minimum(k_len, k_len - q_len + end), 0)
-    cost = (visible + tile_n - 1) // tile_n  # n_block_max
-    if window_left is not None:
+    if window_left is None:
+        cost = (visible + tile_n - 1) // tile_n  # n_block_max
+    else:
         # The tile's first token reaches furthest left: [prefix + first - window_left, ...].
         first = m_block * tokens_per_tile
         left_key = np.maximum(k_len - q_len + first - window_left, 0)
-        n_block_min = left_key // tile_n
-        if shift_keys:
-            key_offset = (left_key - left_key % shift_keys) % tile_n
-            cost = (visible - key_offset + tile_n - 1) // tile_n
-        cost = np.maximum(cost - n_block_min, 0)
+        # With a shift the grid starts at left_key's page (key_offset < tile_n keys in).
+        key_offset = (left_key - left_key % shift_keys) % tile_n if shift_keys else 0
+        n_block_max = (visible - key_offset + tile_n - 1) // tile_n
+        cost = np.maximum(n_block_max - left_key // tile_n, 0)
     if l2_section_bytes is None:
         order = np.argsort(-cost, kind="stable")  # longest first; ties keep enumeration order
     else:
@@ -267,26 +266,27 @@ def plan_prefill(
         raise ValueError(
             f"GQA group size {key.qhead_per_kvhead} exceeds the M tile ({geometry.tile_m} rows)"
         )
-    tiles_of = partial(
-        build_work_tiles,
-        q_lens,
-        k_lens,
-        num_kv_heads,
-        kv_bytes_per_token=kv_bytes_per_token(key),
-        l2_section_bytes=l2_section_bytes,
-        window_left=window_left,
-    )
 
-    def tile(tokens_per_tile: int, tile_n: int) -> np.ndarray:
-        return tiles_of(tokens_per_tile, tile_n, shift_keys=grid_shift_keys(key, tile_n))
+    def tile(geometry: TileGeometry) -> np.ndarray:
+        return build_work_tiles(
+            q_lens,
+            k_lens,
+            num_kv_heads,
+            geometry.tokens_per_tile,
+            geometry.tile_n,
+            kv_bytes_per_token=kv_bytes_per_token(key),
+            l2_section_bytes=l2_section_bytes,
+            window_left=window_left,
+            shift_keys=grid_shift_keys(key, geometry.tile_n),
+        )
 
-    tiles = tile(geometry.tokens_per_tile, geometry.tile_n)
+    tiles = tile(geometry)
     num_tiles = tiles.shape[0]
     total_work = int(tiles[:, 3].sum()) if num_tiles else 0
     config = configs.pick(num_tiles, total_work)
     if config.geometry(key) != geometry:  # a short pick with its own N tile: its costs, order
         geometry = config.geometry(key)
-        tiles = tile(geometry.tokens_per_tile, geometry.tile_n)
+        tiles = tile(geometry)
         total_work = int(tiles[:, 3].sum()) if num_tiles else 0
     tiles32 = torch.from_numpy(tiles.astype(np.int32))
     if device.type == "cuda":

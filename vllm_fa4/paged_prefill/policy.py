@@ -25,6 +25,11 @@ from vllm_fa4.kernels.config import (
 LONG_BATCH_MIN_PAGE = 128  # pages this large run a different config for long batches
 SHORT_BATCH_MAX_BLOCKS = 16  # mean KV tiles visited per work tile (2k tokens at tile_n 128)
 
+# Head dim 64 with a window, short batches (every batch of gpt-oss's 128-key window), 16-bit
+# and FP8 caches alike: 64-key blocks, Q by TMA with the tile's TileWork, the P V wait (TABLE's
+# and FP8_TABLE's rows say what each measured).
+WINDOW_64_SHORT = "queue_with_work+pv_wait_mid+q_tma+mma_wgs=3+block_n=64"
+
 # (head dim, sliding window, page >= LONG_BATCH_MIN_PAGE) -> (long batches, short batches).
 # The numbers below were measured with lazy_max's old margin of 2^8; since 2026-11-26 the max
 # moves on any rise (issue 27, FA3's accuracy), 0-5.5 % slower (docs/perf-notes.md).
@@ -54,11 +59,11 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # pick, Q prefetched a tile ahead, 1.00-1.06x FA3 (64-key blocks there: -8 to -11 %).
     (64, True, False): (
         "queue+overlap+q_prefetch+mma_wgs=3",
-        "queue_with_work+pv_wait_mid+q_tma+mma_wgs=3+block_n=64",
+        WINDOW_64_SHORT,
     ),
     (64, True, True): (
         "queue+overlap+q_prefetch+mma_wgs=3",
-        "queue_with_work+pv_wait_mid+q_tma+mma_wgs=3+block_n=64",
+        WINDOW_64_SHORT,
     ),
     # Head dim 128, long batches below page 128: V loaded by the producer's second warp
     # (session 12: page 16, 4k+ tokens +0.5-0.9 %), page table read a block ahead (session
@@ -115,11 +120,11 @@ FP8_TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # keep the pick measured with the 16-bit kernel's long row in mind, unmeasured on FP8.
     (64, True, False): (
         "queue+overlap+mma_wgs=3",
-        "queue_with_work+pv_wait_mid+q_tma+mma_wgs=3+block_n=64",
+        WINDOW_64_SHORT,
     ),
     (64, True, True): (
         "queue+overlap+mma_wgs=3",
-        "queue_with_work+pv_wait_mid+q_tma+mma_wgs=3+block_n=64",
+        WINDOW_64_SHORT,
     ),
     (128, False, False): (
         "queue+pv_wait_mid+pages_ahead+lazy_max",
