@@ -419,8 +419,6 @@ class KernelConfig:
             return f"block_n={n} (a multiple of 16 from 16 to 256)"
         if n % page and page % n:
             return f"block_n={n} at page {page} (a tile must be whole pages or divide a page)"
-        if self.kv_box is KvBox.WIDE:
-            return f"block_n={n} with 'wide_box' (its boxes are laid out for the default tile)"
         return None
 
     def _fp8_unsupported_reason(self) -> str | None:
