@@ -94,8 +94,10 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # not with a window. Long batches without a window step without ping-pong turns
     # (2026-11-27, Gemma 2 shape page 16, with and without soft cap 50: +1.3 to +4.7 % in all 8
     # cases on the H100, +1.1 to +3.3 % on the H200; with the 4k window -1.3 and -2.9 %, so
-    # windows keep the turns).
-    (256, False, False): ("queue+overlap_free+lazy_max", "queue+overlap"),
+    # windows keep the turns). Long batches read a block's page-table entries a block ahead
+    # (`pages_ahead`; 2026-11-27, session 14, H100, page 16, two runs: +2.9 to +8.1 % in 8 of
+    # 8, V had arrived late behind the page-table load; pages 32 and 64 take it unmeasured).
+    (256, False, False): ("queue+overlap_free+lazy_max+pages_ahead", "queue+overlap"),
     (256, True, False): ("queue+overlap", "queue+overlap"),
     # Head dim 256 at page 128 (session 3): long batches one tile per CTA (0-3 % ahead on 16k
     # and chunks after 64k), short ones the persistent grid (the CTA start-up paid once per
@@ -163,9 +165,13 @@ FP8_BF16_LONG: dict[tuple[int, bool, bool], str] = {
 # Q K^T (session 12, H100, two runs: +1.7 to +4.7 % and -0.8 to +3.7 % over the step without
 # turns; session 14's -2 to -5 % was on 64-key blocks with the cap before the mask branch).
 # 80 keys divide no larger page; the FP8 kernel's staging does not fit shared memory beside
-# them.
+# them. The global layers read a block's page-table entries a block ahead (`pages_ahead`): V
+# arrived late, after a page-table load that sat between a stage's release and its refill
+# (2026-11-27, session 14, H100, two runs, 4k-16k and chunks after 16k and 64k: +4.4 to
+# +8.4 % in 9 of 9); the local layers gained nothing (-2.1 to +0.4 %), the FP8 kernel's
+# head dim 256 -0.2 to +3.5 %; both left as they were.
 LONG_BY_PAGE: dict[tuple[int, bool, int, bool], str] = {
-    (256, False, 16, True): "queue+pv_wait_mid+lazy_max+block_n=80",
+    (256, False, 16, True): "queue+pv_wait_mid+lazy_max+block_n=80+pages_ahead",
     (256, True, 16, True): "queue+overlap+block_n=80",
 }
 
