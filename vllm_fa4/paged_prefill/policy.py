@@ -30,6 +30,11 @@ SHORT_BATCH_MAX_BLOCKS = 16  # mean KV tiles visited per work tile (2k tokens at
 # and FP8_TABLE's rows say what each measured).
 WINDOW_64_SHORT = "queue_with_work+pv_wait_mid+q_tma+mma_wgs=3+block_n=64"
 
+# Head dim 128 with a window, every batch (TABLE's rows say what each measured): below page
+# 128, and at page 128 and above.
+WINDOW_128_PAGED = "queue_with_work+pv_wait_mid+q_tma+v_warp+wide_box+pages_ahead"
+WINDOW_128_LONG_PAGE = "queue_with_work+pv_wait_mid+q_tma+v_warp"
+
 # (head dim, sliding window, page >= LONG_BATCH_MIN_PAGE) -> (long batches, short batches).
 # The numbers below were measured with lazy_max's old margin of 2^8; since 2026-11-26 the max
 # moves on any rise (issue 27, FA3's accuracy), 0-5.5 % slower (docs/perf-notes.md).
@@ -83,12 +88,16 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
         "queue_with_work+pv_wait_mid+q_tma+v_warp+lazy_max",
         "queue_with_work+pv_wait_mid+q_tma+staged_epilogue+lazy_max",
     ),
-    # Head dim 128 with a window: the session-4 picks (q_tma and lazy_max not measured with a
-    # window). Q prefetched for short batches (2026-11-23: +1-7 %, 512x32 1.04-1.06 of FA3)
-    # and long page-128 ones (+1-5 % over one tile per CTA); long batches below page 128
-    # keep cp.async (the prefetch was 0.5-1 % behind there).
-    (128, True, False): ("queue+overlap", "queue+overlap+q_prefetch"),
-    (128, True, True): ("queue+overlap+q_prefetch", "queue+overlap+q_prefetch"),
+    # Head dim 128 with a window: the unwindowed long picks without lazy_max (not measured
+    # with a window), for every batch: Q by TMA with the tile's TileWork, the P V wait
+    # mid-softmax, V on the producer's second warp, and below page 128 one box per page and
+    # the page table read a block ahead (2026-11-27, session 14, H100, Llama-3.1-8B heads, 4k
+    # window, over session 4's picks: page 16, two runs, +10.7 to +17.1 % in 14 of 14 from
+    # 512x32 to 16kx1 and chunks after 16k and 64k, 1.00-1.15x FA3c; page 128, one run, +3.1
+    # to +9.8 % in 6 of 6). The unwindowed short pick (`staged_epilogue`) stayed within a few
+    # percent of session 4's, behind these.
+    (128, True, False): (WINDOW_128_PAGED, WINDOW_128_PAGED),
+    (128, True, True): (WINDOW_128_LONG_PAGE, WINDOW_128_LONG_PAGE),
     # Head dim 256 below page 128: the persistent grid (H200 page 16: 0.99-1.04 of FA3, one
     # tile per CTA 0.86-1.02); lazy_max for long batches only (512x32 lost 1.5-2.6 % with it),
     # not with a window. Long batches without a window step without ping-pong turns
