@@ -277,6 +277,8 @@ def test_three_warpgroups_at_head_dim_64_only():
     for cfg in (three, KernelConfig.parse("pages_ahead+mma_wgs=3")):
         assert cfg.num_threads == 512
         assert 128 * cfg.producer_regs + 384 * cfg.mma_regs <= 65536
+        # the consumers keep 160 with pages ahead too (152 spilled P, session 14)
+        assert (cfg.producer_regs, cfg.mma_regs) == (32, 160)
 
 
 def test_config_spellings_roundtrip(monkeypatch):

@@ -497,26 +497,29 @@ class KernelConfig:
     # Reading pages a block ahead keeps two blocks' pages and the next read live across the
     # acquires: at 24 registers the producer's block loop spills (2 per block at page 16), so
     # it takes 16 from the consumers (the head-dim-128 picks use 210 of their 232).
-    # With 3 consumer warpgroups the 64 K registers split 32 / 160 (40 / 152 reading pages a
-    # block ahead): 128 * producer + 384 * consumer <= 65536.
+    # With 3 consumer warpgroups the 64 K registers split 32 / 160 (128 * producer + 384 *
+    # consumer <= 65536), pages ahead included: 32 hold the producer's loop without local
+    # memory, and at 40 / 152 the consumers spilled P and ptxas serialized every wgmma
+    # (session 14, head dim 64: -10 to -20 %, docs/perf-notes.md).
     @property
     def producer_regs(self) -> int:
-        return self._register_split(self.page_read is PageRead.BLOCK_AHEAD)[0]
+        return self._register_split(self.page_read is PageRead.BLOCK_AHEAD, fp8=False)[0]
 
     @property
     def mma_regs(self) -> int:
-        return self._register_split(self.page_read is PageRead.BLOCK_AHEAD)[1]
+        return self._register_split(self.page_read is PageRead.BLOCK_AHEAD, fp8=False)[1]
 
     def register_split(self, key: KernelKey) -> tuple[int, int]:
         """(producer, consumer) registers per thread for ``key``'s kernel. An fp8 cache's
         converter warps (fp8_kv.py: a piece's 4 + 8 words, the loop's addresses and the
-        four pipeline states) take the larger producer share, as reading pages ahead does."""
-        return self._register_split(self.page_read is PageRead.BLOCK_AHEAD or key.fp8_kv)
+        four pipeline states) take the larger producer share, as reading pages ahead does
+        on two consumer warpgroups."""
+        return self._register_split(self.page_read is PageRead.BLOCK_AHEAD, fp8=key.fp8_kv)
 
-    def _register_split(self, wide_producer: bool) -> tuple[int, int]:
+    def _register_split(self, pages_ahead: bool, fp8: bool) -> tuple[int, int]:
         if self.mma_wgs == 3:
-            return (40, 152) if wide_producer else (32, 160)
-        return (40, 232) if wide_producer else (24, 240)
+            return (40, 152) if fp8 else (32, 160)
+        return (40, 232) if pages_ahead or fp8 else (24, 240)
 
     @property
     def num_threads(self) -> int:
