@@ -45,9 +45,14 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # handed over with its TileWork (sessions 9-10), lazy_max (session 7); short batches wait
     # for P V mid-softmax (session 14: short +1.5 % and +1.9 % on the H100, +1.6 % on the
     # H200; long page-128 batches -1.3 % and -1.6 %, so long ones keep the plain overlap).
+    # Below page 128 both read a block's page-table entries a block ahead and load V on the
+    # producer's second warp (2026-11-27, session 15, H100, page 16, two runs, Llama-3.2-1B
+    # and gpt-oss-20b's global layers: long +2.8 to +5.1 %, 512x32 and 1kx16 +4.3 to +5.3 %
+    # over these picks; pages 32 and 64 take it unmeasured). Session 14's -10 to -20 % with
+    # pages ahead was the register split (40 / 152), fixed to 32 / 160 before this run.
     (64, False, False): (
-        "queue_with_work+overlap+q_tma+lazy_max+mma_wgs=3",
-        "queue_with_work+pv_wait_mid+q_tma+lazy_max+mma_wgs=3",
+        "queue_with_work+overlap+q_tma+lazy_max+mma_wgs=3+pages_ahead+v_warp",
+        "queue_with_work+pv_wait_mid+q_tma+lazy_max+mma_wgs=3+pages_ahead+v_warp",
     ),
     (64, False, True): (
         "queue_with_work+overlap+q_tma+lazy_max+mma_wgs=3",
@@ -124,6 +129,12 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
 # (two slots) and 256 (one: its 128 KB of K/V stages) keep their 16-bit picks.
 FP8_TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     **TABLE,
+    # Head dim 64 without a window: the 16-bit picks before session 15's pages ahead and V
+    # warp (not measured on FP8, whose converter warps keep a 40 / 152 register split).
+    (64, False, False): (
+        "queue_with_work+overlap+q_tma+lazy_max+mma_wgs=3",
+        "queue_with_work+pv_wait_mid+q_tma+lazy_max+mma_wgs=3",
+    ),
     # Head dim 64 with a window: short batches (every gpt-oss batch: 128-key windows make
     # each tile's work short) on the 16-bit row's 64-key pick (session 13, H100, gpt-oss-20b
     # shape, pages 16 and 128, 4k-16k, chunks after 16k and 64k: 1.365-1.401x vLLM's FA3-FP8

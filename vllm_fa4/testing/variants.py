@@ -44,6 +44,8 @@ ALL_CONFIGS = tuple(
         "queue_with_work+pv_wait_mid+q_tma+mma_wgs=3+block_n=64",
         "queue_with_work+overlap+q_tma+lazy_max+mma_wgs=3",
         "queue_with_work+pv_wait_mid+q_tma+lazy_max+mma_wgs=3",
+        "queue_with_work+overlap+q_tma+lazy_max+mma_wgs=3+pages_ahead+v_warp",
+        "queue_with_work+pv_wait_mid+q_tma+lazy_max+mma_wgs=3+pages_ahead+v_warp",
         "queue_with_work+pv_wait_mid+q_tma+v_warp+lazy_max",
         "queue_with_work+pv_wait_mid+q_tma+v_warp+wide_box+pages_ahead+lazy_max",
         "queue_with_work+pv_wait_mid+q_tma+staged_epilogue+lazy_max",
