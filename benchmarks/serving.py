@@ -107,6 +107,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     thr = ap.add_argument_group("throughput mode")
     thr.add_argument("--cases", default="4096:300,16384:100", help="input_len:num_prompts list")
     thr.add_argument("--max-num-batched-tokens", type=int, default=None)
+    thr.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the backends this many times, the order reversed every other round; the\n"
+        "tables show each backend's median and a table lists every round's ratio (one run a\n"
+        "backend moved 3-7 %% between back-to-back runs on one H100, docs/perf-notes.md)",
+    )
     args = ap.parse_args(argv)
     args.context = model_context(args.model)
     if args.quick:
@@ -614,40 +622,111 @@ THROUGHPUT_METRICS = (
 )
 
 
+def round_orders(backends: list[str], rounds: int) -> list[list[str]]:
+    """The backends' order in each round: as given, then reversed, alternating, so that neither
+    backend always runs first (a machine's throughput drifts over its first runs)."""
+    return [list(backends) if r % 2 == 0 else list(reversed(backends)) for r in range(rounds)]
+
+
+def median_records(records: list[dict], keys: tuple[str, ...]) -> list[dict]:
+    """One record per (backend, *keys): the median of its error-free rounds' metrics (an error
+    record when every round failed). Records without a round pass through unchanged."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["backend"], *(r[k] for k in keys)), []).append(r)
+    out = []
+    for group in groups.values():
+        if len(group) == 1 and "round" not in group[0]:
+            out.append(group[0])
+            continue
+        ok = [r for r in group if not r.get("error")]
+        rec = {k: group[0][k] for k in ("backend", *keys)}
+        rec["rounds"] = len(ok)
+        rec["error"] = "" if ok else group[-1]["error"]
+        for metric, _, _ in THROUGHPUT_METRICS:
+            values = sorted(r[metric] for r in ok if r.get(metric) is not None)
+            if values:
+                mid = len(values) // 2
+                rec[metric] = (
+                    values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+                )
+        out.append(rec)
+    return out
+
+
+def rounds_table(records: list[dict], backends: list[str]) -> str:
+    """Every round's tokens/s per backend and each backend's ratio to the baseline in that round,
+    a row per (case, round)."""
+    others = [b for b in backends if b != BASELINE]
+    by = {(r["backend"], r["input_len"], r["num_prompts"], r["round"]): r for r in records}
+    keys = sorted({(r["input_len"], r["num_prompts"], r["round"]) for r in records})
+    header = ["input", "prompts", "round", "order", *backends]
+    header += [f"{b} / {BASELINE}" for b in others] if BASELINE in backends else []
+    rows = []
+    for length, n, rnd in keys:
+        recs = [by.get((b, length, n, rnd)) for b in backends]
+        order = sorted((r for r in recs if r), key=lambda r: r["order"])
+        row = [length, n, rnd + 1, ", ".join(r["backend"] for r in order)]
+        row += [value_cell(r, "tokens_per_second", 0) for r in recs]
+        if BASELINE in backends:
+            base = by.get((BASELINE, length, n, rnd))
+            row += [
+                ratio_cell(by.get((b, length, n, rnd)), base, "tokens_per_second") for b in others
+            ]
+        rows.append(row)
+    return "### Every round (tokens/s)\n\n" + markdown_table(header, rows)
+
+
 def run_throughput(args, backends: list[str], out_dir: Path) -> int:
     cases = throughput_cases(args)
+    rounds = max(1, args.rounds)
     if args.dry_run:
-        for b in backends:
-            for length, n in cases:
-                cmd = bench_throughput_command(args, b, length, n, out_dir / "x.json")
-                log(shlex.join(cmd))
+        for order in round_orders(backends, rounds):
+            for b in order:
+                for length, n in cases:
+                    cmd = bench_throughput_command(args, b, length, n, out_dir / "x.json")
+                    log(shlex.join(cmd))
         return 0
     install_cleanup()
     records, shown = earlier_records(args, out_dir / "throughput.json", backends)
-    for b in backends:
-        for length, n in cases:
-            tag = f"throughput-{b}-in{length}-n{n}"
-            out_json = out_dir / f"{tag}.json"
-            out_json.unlink(missing_ok=True)
-            cmd = bench_throughput_command(args, b, length, n, out_json)
-            log(f"[{b}] {shlex.join(cmd)}")
-            rc = run_logged(cmd, out_dir / f"{tag}.log", args.bench_timeout)
-            rec = {"backend": b, "input_len": length, "num_prompts": n, "error": ""}
-            if rc == 0 and out_json.exists():
-                rec.update(json.loads(out_json.read_text()))
-            else:
-                rec["error"] = f"error: rc {rc}; see {out_dir / tag}.log: " + tail(
-                    out_dir / f"{tag}.log", 3
-                ).replace("\n", " ")
-            records.append(rec)
-            log(
-                f"[{b}] in {length} × {n}: "
-                + (rec["error"] or f"{fmt_num(rec.get('tokens_per_second'))} tok/s")
-            )
-            write_json(out_dir / "throughput.json", {"meta": meta(args), "records": records})
-    text = report_header(args, "throughput") + comparison_tables(
-        records, shown, ("input_len", "num_prompts"), THROUGHPUT_METRICS, ["input", "prompts"]
+    run = 0
+    for rnd, order in enumerate(round_orders(backends, rounds)):
+        for b in order:
+            for length, n in cases:
+                tag = f"throughput-{b}-in{length}-n{n}" + (f"-r{rnd + 1}" if rounds > 1 else "")
+                out_json = out_dir / f"{tag}.json"
+                out_json.unlink(missing_ok=True)
+                cmd = bench_throughput_command(args, b, length, n, out_json)
+                log(f"[{b}] {shlex.join(cmd)}")
+                rc = run_logged(cmd, out_dir / f"{tag}.log", args.bench_timeout)
+                rec = {"backend": b, "input_len": length, "num_prompts": n, "error": ""}
+                if rounds > 1:
+                    rec.update({"round": rnd, "order": run})
+                run += 1
+                if rc == 0 and out_json.exists():
+                    rec.update(json.loads(out_json.read_text()))
+                else:
+                    rec["error"] = f"error: rc {rc}; see {out_dir / tag}.log: " + tail(
+                        out_dir / f"{tag}.log", 3
+                    ).replace("\n", " ")
+                records.append(rec)
+                where = f" (round {rnd + 1} of {rounds})" if rounds > 1 else ""
+                log(
+                    f"[{b}] in {length} × {n}{where}: "
+                    + (rec["error"] or f"{fmt_num(rec.get('tokens_per_second'))} tok/s")
+                )
+                write_json(out_dir / "throughput.json", {"meta": meta(args), "records": records})
+    keys = ("input_len", "num_prompts")
+    text = report_header(args, "throughput")
+    if rounds > 1:
+        text += (
+            f"Each backend's median of {rounds} rounds (the order reversed every other round).\n\n"
+        )
+    text += comparison_tables(
+        median_records(records, keys), shown, keys, THROUGHPUT_METRICS, ["input", "prompts"]
     )
+    if rounds > 1:
+        text += "\n\n" + rounds_table([r for r in records if "round" in r], backends)
     finish(out_dir, "throughput", records, text)
     return 0
 

@@ -549,6 +549,89 @@ def test_throughput_command():
     assert cmd[cmd.index("--load-format") + 1] == "dummy"
 
 
+def test_throughput_rounds_alternate_the_order():
+    assert serving.round_orders(["FA4", "FLASH_ATTN"], 3) == [
+        ["FA4", "FLASH_ATTN"],
+        ["FLASH_ATTN", "FA4"],
+        ["FA4", "FLASH_ATTN"],
+    ]
+    assert serving.parse_args(["throughput"]).rounds == 1
+
+
+def _round(backend, rnd, order, tok_s, error=""):
+    return {
+        "backend": backend,
+        "input_len": 32768,
+        "num_prompts": 24,
+        "error": error,
+        "round": rnd,
+        "order": order,
+        "tokens_per_second": tok_s,
+        "requests_per_second": None if tok_s is None else tok_s / 32768,
+    }
+
+
+def test_throughput_rounds_report_medians_and_every_ratio():
+    # session 15's served gpt-oss pairs: one outlier round must not decide the table
+    records = [
+        _round("FA4", 0, 0, 47341.0),
+        _round("FLASH_ATTN", 0, 1, 50239.0),
+        _round("FLASH_ATTN", 1, 2, 50292.0),
+        _round("FA4", 1, 3, 51075.0),
+        _round("FA4", 2, 4, 51096.0),
+        _round("FLASH_ATTN", 2, 5, 50257.0),
+        _round("FA4", 3, 6, None, error="error: rc 1"),
+        _round("FLASH_ATTN", 3, 7, 50000.0),
+    ]
+    keys = ("input_len", "num_prompts")
+    med = {r["backend"]: r for r in serving.median_records(records, keys)}
+    assert med["FA4"]["tokens_per_second"] == 51075.0 and med["FA4"]["rounds"] == 3
+    assert med["FLASH_ATTN"]["tokens_per_second"] == (50239.0 + 50257.0) / 2
+    table = serving.rounds_table(records, ["FA4", "FLASH_ATTN"])
+    assert "| 32768 | 24 | 1 | FA4, FLASH_ATTN | 47,341 | 50,239 | 0.942 |" in table
+    assert "| 32768 | 24 | 2 | FLASH_ATTN, FA4 |" in table
+    assert "| 32768 | 24 | 4 | FA4, FLASH_ATTN | error | 50,000 | — |" in table
+    # every round failed: the median record is an error, not a number
+    failed = [_round("FA4", 0, 0, None, error="error: rc 1")]
+    (only,) = serving.median_records(failed, keys)
+    assert only["error"] and "tokens_per_second" not in only
+    # a single run without rounds passes through as it was
+    plain = {
+        "backend": "FA4",
+        "input_len": 1,
+        "num_prompts": 2,
+        "error": "",
+        "tokens_per_second": 3,
+    }
+    assert serving.median_records([plain], keys) == [plain]
+
+
+def test_throughput_rounds_dry_run_prints_each_round(capsys):
+    args = serving.parse_args(
+        [
+            "throughput",
+            "--model",
+            "m",
+            "--backends",
+            "FA4,FLASH_ATTN",
+            "--cases",
+            "4096:8",
+            "--rounds",
+            "2",
+            "--dry-run",
+        ]
+    )
+    assert serving.run_throughput(args, ["FA4", "FLASH_ATTN"], Path("/tmp/none")) == 0
+    out = capsys.readouterr()
+    text = out.out + out.err
+    backends = [
+        line.split("--attention-backend ")[1].split()[0]
+        for line in text.splitlines()
+        if "--attention-backend" in line
+    ]
+    assert backends == ["FA4", "FLASH_ATTN", "FLASH_ATTN", "FA4"]
+
+
 def test_throughput_cases_fit_the_model_context(capsys):
     # Gemma 2's context is 8192 tokens, prompt and output together (vLLM refuses more)
     gemma = str(ROOT / "configs" / "gemma-2-9b")
