@@ -47,7 +47,7 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # H200; long page-128 batches -1.3 % and -1.6 %, so long ones keep the plain overlap).
     # Below page 128 both read a block's page-table entries a block ahead and load V on the
     # producer's second warp (2026-11-27, session 15, H100, page 16, two runs, Llama-3.2-1B
-    # and gpt-oss-20b's global layers: long +2.8 to +5.1 %, 512x32 and 1kx16 +4.3 to +5.3 %
+    # and gpt-oss-20b's global layers: long +1.9 to +5.6 %, 512x32 and 1kx16 +4.6 to +6.1 %
     # over these picks; pages 32 and 64 take it unmeasured). Session 14's -10 to -20 % with
     # pages ahead was the register split (40 / 152), fixed to 32 / 160 before this run.
     (64, False, False): (
