@@ -25,6 +25,7 @@ import math
 import os
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -59,6 +60,13 @@ BACKENDS: dict[str, list[str]] = {
     "FLASHINFER": ["--attention-backend", "FLASHINFER"],
 }
 DISTS = ("torch", "vllm", "flashinfer-python", "nvidia-cutlass-dsl", "vllm-fa4")
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a whole number of at least 1")
+    return value
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -109,7 +117,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     thr.add_argument("--max-num-batched-tokens", type=int, default=None)
     thr.add_argument(
         "--rounds",
-        type=int,
+        type=positive_int,
         default=1,
         help="run the backends this many times, the order reversed every other round; the\n"
         "tables show each backend's median and a table lists every round's ratio (one run a\n"
@@ -644,19 +652,17 @@ def median_records(records: list[dict], keys: tuple[str, ...]) -> list[dict]:
         rec["rounds"] = len(ok)
         rec["error"] = "" if ok else group[-1]["error"]
         for metric, _, _ in THROUGHPUT_METRICS:
-            values = sorted(r[metric] for r in ok if r.get(metric) is not None)
+            values = [r[metric] for r in ok if r.get(metric) is not None]
             if values:
-                mid = len(values) // 2
-                rec[metric] = (
-                    values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
-                )
+                rec[metric] = statistics.median(values)
         out.append(rec)
     return out
 
 
 def rounds_table(records: list[dict], backends: list[str]) -> str:
     """Every round's tokens/s per backend and each backend's ratio to the baseline in that round,
-    a row per (case, round)."""
+    a row per (case, round); ``backends`` in the order the run was given them."""
+    orders = round_orders(backends, 1 + max(r["round"] for r in records))
     others = [b for b in backends if b != BASELINE]
     by = {(r["backend"], r["input_len"], r["num_prompts"], r["round"]): r for r in records}
     keys = sorted({(r["input_len"], r["num_prompts"], r["round"]) for r in records})
@@ -665,8 +671,7 @@ def rounds_table(records: list[dict], backends: list[str]) -> str:
     rows = []
     for length, n, rnd in keys:
         recs = [by.get((b, length, n, rnd)) for b in backends]
-        order = sorted((r for r in recs if r), key=lambda r: r["order"])
-        row = [length, n, rnd + 1, ", ".join(r["backend"] for r in order)]
+        row = [length, n, rnd + 1, ", ".join(orders[rnd])]
         row += [value_cell(r, "tokens_per_second", 0) for r in recs]
         if BASELINE in backends:
             base = by.get((BASELINE, length, n, rnd))
@@ -679,7 +684,7 @@ def rounds_table(records: list[dict], backends: list[str]) -> str:
 
 def run_throughput(args, backends: list[str], out_dir: Path) -> int:
     cases = throughput_cases(args)
-    rounds = max(1, args.rounds)
+    rounds = args.rounds
     if args.dry_run:
         for order in round_orders(backends, rounds):
             for b in order:
@@ -689,7 +694,6 @@ def run_throughput(args, backends: list[str], out_dir: Path) -> int:
         return 0
     install_cleanup()
     records, shown = earlier_records(args, out_dir / "throughput.json", backends)
-    run = 0
     for rnd, order in enumerate(round_orders(backends, rounds)):
         for b in order:
             for length, n in cases:
@@ -701,8 +705,7 @@ def run_throughput(args, backends: list[str], out_dir: Path) -> int:
                 rc = run_logged(cmd, out_dir / f"{tag}.log", args.bench_timeout)
                 rec = {"backend": b, "input_len": length, "num_prompts": n, "error": ""}
                 if rounds > 1:
-                    rec.update({"round": rnd, "order": run})
-                run += 1
+                    rec["round"] = rnd
                 if rc == 0 and out_json.exists():
                     rec.update(json.loads(out_json.read_text()))
                 else:

@@ -556,16 +556,17 @@ def test_throughput_rounds_alternate_the_order():
         ["FA4", "FLASH_ATTN"],
     ]
     assert serving.parse_args(["throughput"]).rounds == 1
+    with pytest.raises(SystemExit):
+        serving.parse_args(["throughput", "--rounds", "0"])
 
 
-def _round(backend, rnd, order, tok_s, error=""):
+def _round(backend, rnd, tok_s, error=""):
     return {
         "backend": backend,
         "input_len": 32768,
         "num_prompts": 24,
         "error": error,
         "round": rnd,
-        "order": order,
         "tokens_per_second": tok_s,
         "requests_per_second": None if tok_s is None else tok_s / 32768,
     }
@@ -574,14 +575,14 @@ def _round(backend, rnd, order, tok_s, error=""):
 def test_throughput_rounds_report_medians_and_every_ratio():
     # session 15's served gpt-oss pairs: one outlier round must not decide the table
     records = [
-        _round("FA4", 0, 0, 47341.0),
-        _round("FLASH_ATTN", 0, 1, 50239.0),
-        _round("FLASH_ATTN", 1, 2, 50292.0),
-        _round("FA4", 1, 3, 51075.0),
-        _round("FA4", 2, 4, 51096.0),
-        _round("FLASH_ATTN", 2, 5, 50257.0),
-        _round("FA4", 3, 6, None, error="error: rc 1"),
-        _round("FLASH_ATTN", 3, 7, 50000.0),
+        _round("FA4", 0, 47341.0),
+        _round("FLASH_ATTN", 0, 50239.0),
+        _round("FLASH_ATTN", 1, 50292.0),
+        _round("FA4", 1, 51075.0),
+        _round("FA4", 2, 51096.0),
+        _round("FLASH_ATTN", 2, 50257.0),
+        _round("FA4", 3, None, error="error: rc 1"),
+        _round("FLASH_ATTN", 3, 50000.0),
     ]
     keys = ("input_len", "num_prompts")
     med = {r["backend"]: r for r in serving.median_records(records, keys)}
@@ -590,9 +591,9 @@ def test_throughput_rounds_report_medians_and_every_ratio():
     table = serving.rounds_table(records, ["FA4", "FLASH_ATTN"])
     assert "| 32768 | 24 | 1 | FA4, FLASH_ATTN | 47,341 | 50,239 | 0.942 |" in table
     assert "| 32768 | 24 | 2 | FLASH_ATTN, FA4 |" in table
-    assert "| 32768 | 24 | 4 | FA4, FLASH_ATTN | error | 50,000 | — |" in table
+    assert "| 32768 | 24 | 4 | FLASH_ATTN, FA4 | error | 50,000 | — |" in table
     # every round failed: the median record is an error, not a number
-    failed = [_round("FA4", 0, 0, None, error="error: rc 1")]
+    failed = [_round("FA4", 0, None, error="error: rc 1")]
     (only,) = serving.median_records(failed, keys)
     assert only["error"] and "tokens_per_second" not in only
     # a single run without rounds passes through as it was
