@@ -42,6 +42,7 @@ ALL_CONFIGS = tuple(
         "queue+overlap+q_prefetch",
         "queue+overlap+q_prefetch+mma_wgs=3",
         "queue_with_work+pv_wait_mid+q_tma+mma_wgs=3+block_n=64",
+        "queue_with_work+pv_wait_mid+q_tma+mma_wgs=3+block_n=64+pages_ahead+v_warp",
         "queue_with_work+overlap+q_tma+lazy_max+mma_wgs=3",
         "queue_with_work+pv_wait_mid+q_tma+lazy_max+mma_wgs=3",
         "queue_with_work+overlap+q_tma+lazy_max+mma_wgs=3+pages_ahead+v_warp",
