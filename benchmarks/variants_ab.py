@@ -43,7 +43,7 @@ DT = torch.bfloat16
 FA3_CONTIGUOUS = "FA3c"  # FA3 on the same K/V laid out contiguously (no block table)
 DEFAULT_MODEL = "llama-3.1-8b"
 
-# name -> (page sizes it runs at, [(q_len, k_len)] * batch)
+# name -> (page sizes it runs at unless --pages names others, [(q_len, k_len)] * batch)
 CASES = {
     "512x32": ((16, 128), [(512, 512)] * 32),
     "1kx16": ((16, 128), [(1024, 1024)] * 16),
@@ -222,10 +222,31 @@ def _softcap(text: str) -> float:
     return value
 
 
+def _pages(text: str) -> tuple[int, ...]:
+    try:
+        pages = tuple(dict.fromkeys(int(p) for p in text.split(",") if p.strip()))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: page sizes, e.g. 16,128") from None
+    if not pages or any(p <= 0 or p & (p - 1) for p in pages):
+        raise argparse.ArgumentTypeError(f"{text!r}: page sizes are powers of two, e.g. 16,128")
+    return pages
+
+
+def case_pages(name: str, pages: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The page sizes case ``name`` runs at: ``--pages`` when given (every case at each),
+    else the case's own."""
+    return pages if pages is not None else CASES[name][0]
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", default=envs.sweep_variants_spec())
-    ap.add_argument("--pages", default="16,128")
+    ap.add_argument(
+        "--pages",
+        type=_pages,
+        default=None,
+        help="page sizes every case runs at (default: each case's own, 16 and/or 128)",
+    )
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per case")
     ap.add_argument(
@@ -245,7 +266,11 @@ def parse_args(argv=None):
         choices=list(MODELS),
         help="attention shape (query heads, KV heads, head dim); default %(default)s",
     )
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    unknown = [name for name in args.cases.split(",") if name not in CASES]
+    if unknown:
+        ap.error(f"unknown case(s) {unknown}; valid: {', '.join(CASES)}")
+    return args
 
 
 def main(argv=None):
@@ -255,26 +280,24 @@ def main(argv=None):
         contenders = list(dict.fromkeys(args.variants.split()))
     else:
         contenders = list(dict.fromkeys(config_id(c) for c in parse_configs(args.variants)))
-    pages = {int(p) for p in args.pages.split(",")}
     print(
         f"device={torch.cuda.get_device_name()} model={args.model} contenders={contenders} "
         f"{mask_header(args.window_left, args.softcap, args.sinks)}"
     )
     for name in args.cases.split(","):
-        case_pages, specs = CASES[name]
-        for page in case_pages:
-            if page in pages:
-                run(
-                    name,
-                    specs,
-                    page,
-                    contenders,
-                    args.rounds,
-                    args.window_left,
-                    args.softcap,
-                    args.sinks,
-                    args.model,
-                )
+        specs = CASES[name][1]
+        for page in case_pages(name, args.pages):
+            run(
+                name,
+                specs,
+                page,
+                contenders,
+                args.rounds,
+                args.window_left,
+                args.softcap,
+                args.sinks,
+                args.model,
+            )
 
 
 if __name__ == "__main__":

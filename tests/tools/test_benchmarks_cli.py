@@ -906,3 +906,18 @@ def test_precompile_lists_the_serving_configs_and_drops_unsupported():
     assert {job[1] for job in precompile.jobs(args)} == {KernelConfig()}
     args.kv_dtype = "float8_e4m3fn"  # --kv-dtype: the FP8 cache's keys (issue 30)
     assert all(job[0].fp8_kv for job in precompile.jobs(args))
+
+
+def test_variants_ab_pages_run_every_case_at_each(variants_ab):
+    """--pages names the page sizes every case runs at (session 16: --pages 32,64 ran no case
+    and printed nothing, as each case kept its own 16/128 list); without it each case keeps
+    its own."""
+    args = variants_ab.parse_args(["--pages", "32,64", "--cases", "2k@16k x2,512x32"])
+    assert variants_ab.case_pages("2k@16k x2", args.pages) == (32, 64)
+    assert variants_ab.case_pages("512x32", args.pages) == (32, 64)
+    default = variants_ab.parse_args([])
+    assert variants_ab.case_pages("2k@16k x2", default.pages) == (16,)
+    assert variants_ab.case_pages("512x32", default.pages) == (16, 128)
+    for bad in (["--pages", "24"], ["--pages", "x"], ["--pages", ""], ["--cases", "3kx3"]):
+        with pytest.raises(SystemExit):
+            variants_ab.parse_args(bad)
