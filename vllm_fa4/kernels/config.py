@@ -293,9 +293,6 @@ class KernelConfig:
     # vote), not on every block. The max moves whenever a block raises it (margin 0: FA3's
     # numerics; FA4's 2^8 margin widened the error tail, softmax.LAZY_MAX_MARGIN_LOG2).
     lazy_max: bool = False
-    # Each row's block max in four interleaved fmax chains instead of one (softmax.py): the
-    # same instructions with a quarter of the dependent latency before the exponentials.
-    max_tree: bool = False
     # Consumer warpgroups, 64 Q rows each (the M tile is 64 * mma_wgs rows). 3 only at head
     # dim 64: there a block's GEMMs take as long as its exponentials, so two warpgroups
     # cannot hide one's softmax under the other's GEMMs; a third keeps the tensor pipe fed.
@@ -324,7 +321,7 @@ class KernelConfig:
             name, eq, number = token.partition("=")
             if name in ("mma_wgs", "block_n") and eq:
                 field, value = name, _int_value(name, number, token)
-            elif token in ("v_warp", "lazy_max", "max_tree"):
+            elif token in ("v_warp", "lazy_max"):
                 field, value = token, True
             elif token in _BY_SPELLING:
                 value = _BY_SPELLING[token]
@@ -342,7 +339,7 @@ class KernelConfig:
     @classmethod
     def spellings(cls) -> str:
         values = [member.value for axis in AXES for member in axis]
-        return ", ".join([*values, "v_warp", "lazy_max", "max_tree", "mma_wgs=N", "block_n=N"])
+        return ", ".join([*values, "v_warp", "lazy_max", "mma_wgs=N", "block_n=N"])
 
     @property
     def spec(self) -> str:
@@ -356,7 +353,6 @@ class KernelConfig:
             "page_read",
             "epilogue",
             "lazy_max",
-            "max_tree",
             "fp8_qk",
         ):
             value = getattr(self, name)

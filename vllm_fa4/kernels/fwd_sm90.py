@@ -1331,13 +1331,12 @@ class Sm90PagedPrefill:
         `pv_wait_mid` (neg_shift given): the arms end after the first row's exponentials
         (softmax_head); the caller waits for P V and then runs softmax_rest."""
         per_arm = self.overlap
-        lazy, tree = self.cfg.lazy_max, self.cfg.max_tree
+        lazy = self.cfg.lazy_max
         if cutlass.const_expr(neg_shift is not None):
-            head = (acc_S, row_max, row_sum, row_scale, neg_shift, scale_log2, lazy, tree)
+            head = (acc_S, row_max, row_sum, row_scale, neg_shift, scale_log2, lazy)
             arm = partial(softmax_head, *head)
         else:
-            stats = (acc_S, row_max, row_sum, row_scale, scale_log2)
-            arm = partial(softmax_step, *stats, False, lazy, tree)
+            arm = partial(softmax_step, acc_S, row_max, row_sum, row_scale, scale_log2, False, lazy)
         window_left, softcap_prescale = feats
         cap = None
         if cutlass.const_expr(softcap_prescale is not None):
@@ -1362,7 +1361,7 @@ class Sm90PagedPrefill:
             if cutlass.const_expr(per_arm):
                 arm()
         if cutlass.const_expr(not per_arm):
-            softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False, lazy, tree)
+            softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, False, lazy)
 
     @cute.jit
     def consume(
@@ -1577,8 +1576,7 @@ class Sm90PagedPrefill:
         if cutlass.const_expr(softcap_prescale is not None):
             apply_softcap(acc_S, softcap_prescale)
         self.mask(acc_S, tScS, n_block, work, diag, window_left)
-        stats = (acc_S, row_max, row_sum, row_scale, scale_log2)
-        softmax_step(*stats, True, self.cfg.lazy_max, self.cfg.max_tree)
+        softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, True, self.cfg.lazy_max)
 
     @cute.jit
     def wait_first_v(self, sV, work, n_block, state, pipe_v, tidx: Int32, wg: Int32):

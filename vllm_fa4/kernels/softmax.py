@@ -60,27 +60,15 @@ def quad_allreduce(x: Float32, is_max: cutlass.Constexpr[bool]) -> Float32:
     return x
 
 
-def _block_row_max(sS, i, max_tree: bool) -> Float32:
-    """This thread's max over row i's columns: one chain of fmax, or (`max_tree`) four
-    interleaved chains joined at the end, a quarter of the dependent latency for the same
-    count (fmax is exact in any order, so the result is the same). Plain Python, unrolled
-    while the caller's jit traces it."""
-    ncol = cute.size(sS, mode=[1])
-    chains = 4 if max_tree and ncol >= 8 else 1
-    part = [sS[i, j] for j in range(chains)]
-    for j in range(chains, ncol):
-        part[j % chains] = cute.arch.fmax(part[j % chains], sS[i, j])
-    while len(part) > 1:
-        part = [cute.arch.fmax(part[k], part[k + 1]) for k in range(0, len(part), 2)]
-    return part[0]
-
-
 @cute.jit
-def _row_new_max(sS, i, row_max, scale_log2, is_first, lazy_max, max_tree=False):
+def _row_new_max(sS, i, row_max, scale_log2, is_first, lazy_max):
     """Row i's max after this block: (new max, whether it moved (lazy_max), the exp2 shift
     -max * scale_log2)."""
     scale_log2 = row_scale_log2(scale_log2, i)
-    blk_max = _block_row_max(sS, i, max_tree)
+    ncol = cute.size(sS, mode=[1])
+    blk_max = sS[i, 0]
+    for j in cutlass.range_constexpr(1, ncol):
+        blk_max = cute.arch.fmax(blk_max, sS[i, j])
     blk_max = quad_allreduce(blk_max, True)
     prev_max = row_max[i]
     new_max = cute.arch.fmax(prev_max, blk_max)
@@ -128,7 +116,6 @@ def softmax_step(
     scale_log2: Float32,
     is_first: cutlass.Constexpr[bool],
     lazy_max: cutlass.Constexpr[bool] = False,
-    max_tree: cutlass.Constexpr[bool] = False,
 ):
     """S -> unnormalized P in place; row_scale[i] = factor to apply to O's row i.
 
@@ -140,9 +127,7 @@ def softmax_step(
     moved leave O alone (rescale_needed)."""
     sS = acc_rows_view(acc_S)
     for i in cutlass.range_constexpr(cute.size(row_max)):
-        new_max, moved, neg_shift = _row_new_max(
-            sS, i, row_max, scale_log2, is_first, lazy_max, max_tree
-        )
+        new_max, moved, neg_shift = _row_new_max(sS, i, row_max, scale_log2, is_first, lazy_max)
         part = _row_exps(sS, i, scale_log2, neg_shift)
         scale = _row_scale(i, row_max, scale_log2, moved, neg_shift, is_first, lazy_max)
         row_scale[i] = scale
@@ -162,14 +147,13 @@ def softmax_head(
     neg_shift: cute.Tensor,
     scale_log2: Float32,
     lazy_max: cutlass.Constexpr[bool],
-    max_tree: cutlass.Constexpr[bool] = False,
 ):
     """`pv_wait_mid`, a block after the first, the part before the P V wait: every row's
     new max, O factor (row_scale) and exp2 shift (kept in neg_shift for softmax_rest), then
     the first row's exponentials. softmax_head + softmax_rest = softmax_step(is_first=False)."""
     sS = acc_rows_view(acc_S)
     for i in cutlass.range_constexpr(cute.size(row_max)):
-        new_max, moved, shift = _row_new_max(sS, i, row_max, scale_log2, False, lazy_max, max_tree)
+        new_max, moved, shift = _row_new_max(sS, i, row_max, scale_log2, False, lazy_max)
         row_scale[i] = _row_scale(i, row_max, scale_log2, moved, shift, False, lazy_max)
         neg_shift[i] = shift
         row_max[i] = new_max
