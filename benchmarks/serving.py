@@ -123,6 +123,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         "tables show each backend's median and a table lists every round's ratio (one run a\n"
         "backend moved 3-7 %% between back-to-back runs on one H100, docs/perf-notes.md)",
     )
+    thr.add_argument(
+        "--budget-s",
+        type=positive_int,
+        default=None,
+        help="wall-clock seconds for every run of this call: a round starts only if the longest\n"
+        "run so far times the round's runs still fits, so a time limit (a device call's) never\n"
+        "cuts a round in half; the report says how many rounds ran (default: no limit)",
+    )
     args = ap.parse_args(argv)
     args.context = model_context(args.model)
     if args.quick:
@@ -682,6 +690,24 @@ def rounds_table(records: list[dict], backends: list[str]) -> str:
     return "### Every round (tokens/s)\n\n" + markdown_table(header, rows)
 
 
+@dataclass
+class RoundBudget:
+    """Whether another round of runs fits ``budget_s`` seconds from ``start`` (None: always),
+    judged by the longest run so far; the first round always starts."""
+
+    budget_s: float | None
+    start: float
+    longest_run_s: float = 0.0
+
+    def record(self, run_s: float) -> None:
+        self.longest_run_s = max(self.longest_run_s, run_s)
+
+    def round_fits(self, runs: int, now: float) -> bool:
+        if self.budget_s is None or self.longest_run_s == 0.0:
+            return True
+        return now - self.start + runs * self.longest_run_s <= self.budget_s
+
+
 def run_throughput(args, backends: list[str], out_dir: Path) -> int:
     cases = throughput_cases(args)
     rounds = args.rounds
@@ -694,7 +720,18 @@ def run_throughput(args, backends: list[str], out_dir: Path) -> int:
         return 0
     install_cleanup()
     records, shown = earlier_records(args, out_dir / "throughput.json", backends)
+    budget = RoundBudget(args.budget_s, time.monotonic())
+    rounds_run = 0
     for rnd, order in enumerate(round_orders(backends, rounds)):
+        runs = len(order) * len(cases)
+        if not budget.round_fits(runs, time.monotonic()):
+            left = args.budget_s - (time.monotonic() - budget.start)
+            log(
+                f"--budget-s {args.budget_s}: round {rnd + 1} of {rounds} not started ({runs} "
+                f"runs of up to {budget.longest_run_s:.0f} s each, {left:.0f} s left)"
+            )
+            break
+        rounds_run += 1
         for b in order:
             for length, n in cases:
                 tag = f"throughput-{b}-in{length}-n{n}" + (f"-r{rnd + 1}" if rounds > 1 else "")
@@ -702,7 +739,9 @@ def run_throughput(args, backends: list[str], out_dir: Path) -> int:
                 out_json.unlink(missing_ok=True)
                 cmd = bench_throughput_command(args, b, length, n, out_json)
                 log(f"[{b}] {shlex.join(cmd)}")
+                t0 = time.monotonic()
                 rc = run_logged(cmd, out_dir / f"{tag}.log", args.bench_timeout)
+                budget.record(time.monotonic() - t0)
                 rec = {"backend": b, "input_len": length, "num_prompts": n, "error": ""}
                 if rounds > 1:
                     rec["round"] = rnd
@@ -722,9 +761,8 @@ def run_throughput(args, backends: list[str], out_dir: Path) -> int:
     keys = ("input_len", "num_prompts")
     text = report_header(args, "throughput")
     if rounds > 1:
-        text += (
-            f"Each backend's median of {rounds} rounds (the order reversed every other round).\n\n"
-        )
+        ran = f"{rounds}" if rounds_run == rounds else f"{rounds_run} (of {rounds}; --budget-s)"
+        text += f"Each backend's median of {ran} rounds (the order reversed every other round).\n\n"
     text += comparison_tables(
         median_records(records, keys), shown, keys, THROUGHPUT_METRICS, ["input", "prompts"]
     )

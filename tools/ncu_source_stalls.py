@@ -13,7 +13,8 @@ then, anywhere:
 Prints, for each kernel in the file: its warp-stall samples by reason (share of all samples)
 and the instructions holding the most samples with their main reasons. ``--by-opcode``
 instead prints each kernel's executed warp instructions by SASS opcode (the instruction mix
-behind InstructionStats' total, to set two kernels' counts side by side).
+behind InstructionStats' total, to set two kernels' counts side by side); ``--stalls-by-opcode``
+each opcode's share of the warp-stall samples and its main reasons.
 """
 
 from __future__ import annotations
@@ -114,11 +115,38 @@ def by_opcode(kernel: Kernel, top: int) -> str:
     return "\n".join(lines)
 
 
+def stalls_by_opcode(kernel: Kernel, top: int) -> str:
+    """Each opcode's share of all warp-stall samples and its main reasons (where a kernel's
+    warps wait, by kind of instruction: session 16 set ours and FA3c's MUFU and FMNMX side
+    by side this way)."""
+    by_op: dict[str, dict[str, float]] = {}
+    for r in kernel.rows:
+        reasons = by_op.setdefault(opcode_of(r.get("Source", "")), {})
+        for k, v in reasons_of(r).items():
+            reasons[k] = reasons.get(k, 0.0) + v
+    total = sum(sum(d.values()) for d in by_op.values()) or 1.0
+    lines = [f"== {kernel.name[:60]}  samples {int(total)}"]
+    ranked = sorted(by_op.items(), key=lambda kv: -sum(kv[1].values()))[:top]
+    for op, reasons in ranked:
+        main = sorted(reasons.items(), key=lambda kv: -kv[1])[:4]
+        why = ", ".join(f"{k}={100 * v / total:.1f}" for k, v in main if v)
+        lines.append(f"   {op:<10} {100 * sum(reasons.values()) / total:5.1f}%  {why}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("csv", help="ncu --page source --csv output (.xz accepted)")
     ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--by-opcode", action="store_true", help="executed instructions by SASS opcode")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--by-opcode", action="store_true", help="executed instructions by SASS opcode"
+    )
+    mode.add_argument(
+        "--stalls-by-opcode",
+        action="store_true",
+        help="warp-stall samples by SASS opcode, with each opcode's main reasons",
+    )
     args = ap.parse_args(argv)
     opener = lzma.open if args.csv.endswith(".xz") else open
     with opener(args.csv, "rt") as f:
@@ -127,7 +155,12 @@ def main(argv=None) -> int:
         print(f"no kernel blocks in {args.csv}", file=sys.stderr)
         return 1
     for k in kernels:
-        print(by_opcode(k, args.top) if args.by_opcode else report(k, args.top))
+        if args.by_opcode:
+            print(by_opcode(k, args.top))
+        elif args.stalls_by_opcode:
+            print(stalls_by_opcode(k, args.top))
+        else:
+            print(report(k, args.top))
     return 0
 
 

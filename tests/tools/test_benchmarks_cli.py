@@ -921,3 +921,44 @@ def test_variants_ab_pages_run_every_case_at_each(variants_ab):
     for bad in (["--pages", "24"], ["--pages", "x"], ["--pages", ""], ["--cases", "3kx3"]):
         with pytest.raises(SystemExit):
             variants_ab.parse_args(bad)
+
+
+def test_throughput_budget_starts_only_whole_rounds():
+    budget = serving.RoundBudget(600, start=0.0)
+    assert budget.round_fits(2, now=0.0)  # nothing measured yet: the first round starts
+    budget.record(145.0)
+    budget.record(150.0)
+    assert budget.round_fits(2, now=290.0)  # 290 + 2 x 150 = 590
+    assert not budget.round_fits(2, now=301.0)  # session 16: the fourth run was cut at 585 s
+    assert serving.RoundBudget(None, start=0.0).round_fits(99, now=1e9)
+    with pytest.raises(SystemExit):
+        serving.parse_args(["throughput", "--budget-s", "0"])
+
+
+def test_throughput_budget_stops_before_a_round_that_cannot_finish(tmp_path, monkeypatch, capsys):
+    """Two 150 s runs a round in a 450 s budget: round 1 runs, round 2 is not started, and
+    the report says one round of two ran (no half round as session 16's 585 s call left)."""
+    clock = [0.0]
+    monkeypatch.setattr(serving.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(serving, "install_cleanup", lambda: None)
+    monkeypatch.setattr(serving, "gpu_description", lambda: "fake GPU")
+
+    def fake_run(cmd, log_path, timeout_s):
+        clock[0] += 150.0
+        out = Path(cmd[cmd.index("--output-json") + 1])
+        out.write_text(json.dumps({"tokens_per_second": 1000.0, "requests_per_second": 1.0}))
+        log_path.write_text("ok\n")
+        return 0
+
+    monkeypatch.setattr(serving, "run_logged", fake_run)
+    args = serving.parse_args(
+        ["throughput", "--model", "m", "--backends", "FA4,FLASH_ATTN", "--cases", "4096:8"]
+        + ["--rounds", "2", "--budget-s", "450", "--out", str(tmp_path)]
+    )
+    assert serving.run_throughput(args, ["FA4", "FLASH_ATTN"], tmp_path) == 0
+    text = (tmp_path / "throughput.md").read_text()
+    assert "median of 1 (of 2; --budget-s) rounds" in text
+    records = json.loads((tmp_path / "throughput.json").read_text())["records"]
+    assert sorted(r["backend"] for r in records) == ["FA4", "FLASH_ATTN"]
+    out = capsys.readouterr()
+    assert "round 2 of 2 not started" in out.out + out.err
