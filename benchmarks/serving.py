@@ -708,6 +708,23 @@ class RoundBudget:
         return now - self.start + runs * self.longest_run_s <= self.budget_s
 
 
+def throughput_run(args, backend: str, length: int, n: int, tag: str, out_dir: Path) -> dict:
+    """One `vllm bench throughput` run: its record (the bench's JSON, or the error)."""
+    out_json = out_dir / f"{tag}.json"
+    out_json.unlink(missing_ok=True)
+    cmd = bench_throughput_command(args, backend, length, n, out_json)
+    log(f"[{backend}] {shlex.join(cmd)}")
+    rc = run_logged(cmd, out_dir / f"{tag}.log", args.bench_timeout)
+    rec = {"backend": backend, "input_len": length, "num_prompts": n, "error": ""}
+    if rc == 0 and out_json.exists():
+        rec.update(json.loads(out_json.read_text()))
+    else:
+        rec["error"] = f"error: rc {rc}; see {out_dir / tag}.log: " + tail(
+            out_dir / f"{tag}.log", 3
+        ).replace("\n", " ")
+    return rec
+
+
 def run_throughput(args, backends: list[str], out_dir: Path) -> int:
     cases = throughput_cases(args)
     rounds = args.rounds
@@ -735,22 +752,11 @@ def run_throughput(args, backends: list[str], out_dir: Path) -> int:
         for b in order:
             for length, n in cases:
                 tag = f"throughput-{b}-in{length}-n{n}" + (f"-r{rnd + 1}" if rounds > 1 else "")
-                out_json = out_dir / f"{tag}.json"
-                out_json.unlink(missing_ok=True)
-                cmd = bench_throughput_command(args, b, length, n, out_json)
-                log(f"[{b}] {shlex.join(cmd)}")
                 t0 = time.monotonic()
-                rc = run_logged(cmd, out_dir / f"{tag}.log", args.bench_timeout)
+                rec = throughput_run(args, b, length, n, tag, out_dir)
                 budget.record(time.monotonic() - t0)
-                rec = {"backend": b, "input_len": length, "num_prompts": n, "error": ""}
                 if rounds > 1:
                     rec["round"] = rnd
-                if rc == 0 and out_json.exists():
-                    rec.update(json.loads(out_json.read_text()))
-                else:
-                    rec["error"] = f"error: rc {rc}; see {out_dir / tag}.log: " + tail(
-                        out_dir / f"{tag}.log", 3
-                    ).replace("\n", " ")
                 records.append(rec)
                 where = f" (round {rnd + 1} of {rounds})" if rounds > 1 else ""
                 log(

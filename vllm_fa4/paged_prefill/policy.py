@@ -25,12 +25,21 @@ from vllm_fa4.kernels.config import (
 LONG_BATCH_MIN_PAGE = 128  # pages this large run a different config for long batches
 SHORT_BATCH_MAX_BLOCKS = 16  # mean KV tiles visited per work tile (2k tokens at tile_n 128)
 
+# What head dim 64's picks add on a 16-bit cache (without a window below page 128; the
+# window's short pick at every page): a block's page-table entries read a block ahead, V
+# loaded by the producer's second warp (TABLE's rows say what each measured; FP8 caches keep
+# the picks without them).
+PAGED_READS_64 = "+pages_ahead+v_warp"
+
+# Head dim 64 without a window, long and short batches (TABLE's rows).
+HD64_LONG = "queue_with_work+overlap+q_tma+lazy_max+mma_wgs=3"
+HD64_SHORT = "queue_with_work+pv_wait_mid+q_tma+lazy_max+mma_wgs=3"
+
 # Head dim 64 with a window, short batches (every batch of gpt-oss's 128-key window): 64-key
-# blocks, Q by TMA with the tile's TileWork, the P V wait; on a 16-bit cache also a block's
-# page-table entries read a block ahead and V loaded by the producer's second warp (TABLE's and
-# FP8_TABLE's rows say what each measured).
+# blocks, Q by TMA with the tile's TileWork, the P V wait; on a 16-bit cache, every page size,
+# also PAGED_READS_64 (TABLE's and FP8_TABLE's rows say what each measured).
 WINDOW_64_SHORT_FP8 = "queue_with_work+pv_wait_mid+q_tma+mma_wgs=3+block_n=64"
-WINDOW_64_SHORT = WINDOW_64_SHORT_FP8 + "+pages_ahead+v_warp"
+WINDOW_64_SHORT = WINDOW_64_SHORT_FP8 + PAGED_READS_64
 
 # Head dim 128 with a window, every batch (TABLE's rows say what each measured): below page
 # 128, and at page 128 and above.
@@ -52,14 +61,8 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # and gpt-oss-20b's global layers: long +1.9 to +5.6 %, 512x32 and 1kx16 +4.6 to +6.1 %
     # over these picks; pages 32 and 64 take it unmeasured). Session 14's -10 to -20 % with
     # pages ahead was the register split (40 / 152), fixed to 32 / 160 before this run.
-    (64, False, False): (
-        "queue_with_work+overlap+q_tma+lazy_max+mma_wgs=3+pages_ahead+v_warp",
-        "queue_with_work+pv_wait_mid+q_tma+lazy_max+mma_wgs=3+pages_ahead+v_warp",
-    ),
-    (64, False, True): (
-        "queue_with_work+overlap+q_tma+lazy_max+mma_wgs=3",
-        "queue_with_work+pv_wait_mid+q_tma+lazy_max+mma_wgs=3",
-    ),
+    (64, False, False): (HD64_LONG + PAGED_READS_64, HD64_SHORT + PAGED_READS_64),
+    (64, False, True): (HD64_LONG, HD64_SHORT),
     # Head dim 64 with a window. Short batches, which is every batch of gpt-oss's 128-key
     # window (a row visits two or three blocks): 64-key blocks (a 192-row tile is 24 tokens at
     # GQA 8, so a row's 128 keys span about 151; 128-key blocks compute 2-3x that, 64-key
@@ -137,10 +140,7 @@ FP8_TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     **TABLE,
     # Head dim 64 without a window: the 16-bit picks before session 15's pages ahead and V
     # warp (not measured on FP8, whose converter warps keep a 40 / 152 register split).
-    (64, False, False): (
-        "queue_with_work+overlap+q_tma+lazy_max+mma_wgs=3",
-        "queue_with_work+pv_wait_mid+q_tma+lazy_max+mma_wgs=3",
-    ),
+    (64, False, False): (HD64_LONG, HD64_SHORT),
     # Head dim 64 with a window: short batches (every gpt-oss batch: 128-key windows make
     # each tile's work short) on the 16-bit row's 64-key pick (session 13, H100, gpt-oss-20b
     # shape, pages 16 and 128, 4k-16k, chunks after 16k and 64k: 1.365-1.401x vLLM's FA3-FP8
