@@ -264,7 +264,19 @@ class Fp8Qk(Enum):
     SPLIT_Q = "fp8_qk"
 
 
-AXES = (Tiles, BlockStep, QLoad, KvBox, PageRead, Epilogue, Fp8Qk)
+class RowSum(Enum):
+    """Where the softmax's row sums (its denominators) are taken."""
+
+    # Each thread adds its P values of a row in fp32 (FADD per score); the quad's four
+    # partial sums meet in the epilogue.
+    THREAD_ADDS = "row_sum_adds"
+    # P times a shared-memory tile of ones (one m64n8 wgmma chain beside P V, same A
+    # registers): the tensor pipe sums the rounded P that P V reads, O's rescale scales it
+    # like O, and the softmax warps issue no FADD for it.
+    TENSOR = "row_sum_mma"
+
+
+AXES = (Tiles, BlockStep, QLoad, KvBox, PageRead, Epilogue, Fp8Qk, RowSum)
 _BY_SPELLING = {member.value: member for axis in AXES for member in axis}
 
 
@@ -308,6 +320,7 @@ class KernelConfig:
     # test can check each tile ran exactly once (tests/gpu/test_tile_scheduler.py).
     count_visits: bool = False
     fp8_qk: Fp8Qk = Fp8Qk.CONVERTED_K
+    row_sum: RowSum = RowSum.THREAD_ADDS
 
     @classmethod
     def parse(cls, spec: str) -> KernelConfig:
@@ -354,6 +367,7 @@ class KernelConfig:
             "epilogue",
             "lazy_max",
             "fp8_qk",
+            "row_sum",
         ):
             value = getattr(self, name)
             if value != getattr(default, name):
@@ -458,6 +472,8 @@ class KernelConfig:
         geo = self.geometry(key)
         kv_tile = geo.tile_n * key.head_dim  # elements of one K or V tile
         q_bytes = 2 * self.q_stages * geo.tile_m * key.head_dim
+        if self.row_sum is RowSum.TENSOR:  # the ones tile (8 x tile_n, 16-bit)
+            q_bytes += 2 * 8 * geo.tile_n
         if self.fp8_qk is Fp8Qk.SPLIT_Q and key.fp8_kv:
             split_q = 2 * geo.tile_m * key.head_dim + 4 * geo.tile_m
             return q_bytes + split_q + kv_tile * (KV_STAGES + 2 * KV_STAGES + staging_stages)
@@ -534,6 +550,7 @@ _FIELD_OF = {
     PageRead: "page_read",
     Epilogue: "epilogue",
     Fp8Qk: "fp8_qk",
+    RowSum: "row_sum",
 }
 
 
