@@ -271,8 +271,8 @@ class RowSum(Enum):
     # partial sums meet in the epilogue.
     THREAD_ADDS = "row_sum_adds"
     # P times a shared-memory tile of ones (one m64n8 wgmma chain beside P V, same A
-    # registers): the tensor pipe sums the rounded P that P V reads, O's rescale scales it
-    # like O, and the softmax warps issue no FADD for it.
+    # registers; 256 B inside the mbarriers' first KB): the tensor pipe sums the rounded P
+    # that P V reads, O's rescale scales it like O, and the softmax warps issue no FADD.
     TENSOR = "row_sum_mma"
 
 
@@ -472,8 +472,6 @@ class KernelConfig:
         geo = self.geometry(key)
         kv_tile = geo.tile_n * key.head_dim  # elements of one K or V tile
         q_bytes = 2 * self.q_stages * geo.tile_m * key.head_dim
-        if self.row_sum is RowSum.TENSOR:  # the ones tile (8 x tile_n, 16-bit)
-            q_bytes += 2 * 8 * geo.tile_n
         if self.fp8_qk is Fp8Qk.SPLIT_Q and key.fp8_kv:
             split_q = 2 * geo.tile_m * key.head_dim + 4 * geo.tile_m
             return q_bytes + split_q + kv_tile * (KV_STAGES + 2 * KV_STAGES + staging_stages)

@@ -113,7 +113,8 @@ def _wgmma(
     """Issue one warpgroup GEMM over all k slices; wait < 0 leaves it in flight. `tA` may be
     a tuple of A operands (`fp8_qk`'s Q halves): their products accumulate, one group.
     `beside`: (tiled MMA, accumulator, B) of a second GEMM on the same A registers, issued
-    k slice by k slice in the same group, accumulating (`row_sum_mma`'s P times ones)."""
+    k slice by k slice in the same group, accumulating, with one B for every k slice
+    (`row_sum_mma`'s P times ones)."""
     warpgroup.fence()
     atom = cute.make_mma_atom(tiled_mma.op)
     atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
@@ -128,7 +129,7 @@ def _wgmma(
             atom.set(warpgroup.Field.ACCUMULATE, True)
         if cutlass.const_expr(beside is not None):
             _, acc2, tB2 = beside
-            cute.gemm(atom2, acc2, parts[0][None, None, k], tB2[None, None, k], acc2)
+            cute.gemm(atom2, acc2, parts[0][None, None, k], tB2, acc2)
     warpgroup.commit_group()
     if cutlass.const_expr(wait >= 0):
         warpgroup.wait_group(wait)
@@ -190,6 +191,7 @@ class VLoadArgs(NamedTuple):
     pipe_v: pipeline.PipelineTmaAsync
 
 
+ONES_K = 16  # `row_sum_mma`: keys of the ones tile, one wgmma k slice (reused for each)
 F16_MAX = 65504.0  # fp16's largest finite value (convert_q saturates Q there)
 
 
@@ -245,7 +247,7 @@ class BlockGemms:
     acc_O: cute.Tensor
     tScS: cute.Tensor  # identity coordinates of S in this thread's accumulator layout
     # `row_sum_mma` (else None): P times the ones tile, every column a row's running sum
-    sum_gemm: Optional[tuple] = None  # (tiled MMA 64 x 8, acc_L, the ones tile's B fragment)
+    sum_gemm: Optional[tuple] = None  # (tiled MMA 64 x 8, acc_L, the ones' one k slice of B)
 
 
 class Sm90PagedPrefill:
@@ -342,7 +344,8 @@ class Sm90PagedPrefill:
         """The shared-memory struct: mbarriers (K, V, then the tile queue's, Q's and the fp8
         staging rings' where the kernel has them) in the first 1 KB, then sQ, sK, sV (and the
         fp8 sK8, sV8; with `fp8_qk` sK is fp8, there is no sK8, and Q's halves sQ8 and row
-        scales q_row_scale follow; with `row_sum_mma` the ones tile last) on 1 KB boundaries."""
+        scales q_row_scale follow) on 1 KB boundaries; `row_sum_mma`'s ones tile sits in the first
+        KB behind the mbarriers."""
         dt, stages = self.dtype, self.stages
         mem, align = cute.struct.MemRange, cute.struct.Align
         fields = {
@@ -359,6 +362,8 @@ class Sm90PagedPrefill:
         if self.fp8_kv:
             for name in staged:
                 fields["mbar_" + name[1:].lower()] = mem[cutlass.Int64, self.staging_stages * 2]
+        if self.row_sum_mma:  # 256 B of ones: inside the first KB with the mbarriers
+            fields["sOnes"] = align[mem[self.mma_dtype, 8 * ONES_K], 256]
         fields["sQ"] = align[mem[dt, cute.cosize(sQ_layout)], 1024]
         k_dtype = self.cache_dtype if self.fp8_qk else self.mma_dtype
         for name, layout, dtype in (("sK", sK_layout, k_dtype), ("sV", sV_layout, self.mma_dtype)):
@@ -369,8 +374,6 @@ class Sm90PagedPrefill:
         if self.fp8_qk:
             fields["sQ8"] = align[mem[self.cache_dtype, cute.cosize(sQ8_layout)], 1024]
             fields["q_row_scale"] = align[mem[Float32, self.tile_m], 16]
-        if self.row_sum_mma:
-            fields["sOnes"] = align[mem[self.mma_dtype, 8 * self.tile_n], 1024]
         return cute.struct(type("Storage", (), {"__annotations__": fields}))
 
     def qk_mma(self, n: int):
@@ -1340,10 +1343,10 @@ class Sm90PagedPrefill:
 
     @cute.jit
     def fill_ones(self, storage, tidx: Int32) -> cute.Tensor:
-        """`row_sum_mma`: every CTA thread writes ones into its share of the (8, tile_n) B
-        tile, fenced for the wgmmas' async proxy (the caller's pipeline_init_wait syncs)."""
-        layout = self._smem_layout(8, self.tile_n, dtype=self.mma_dtype)
-        count = 8 * self.tile_n
+        """`row_sum_mma`: CTA threads write the (8, ONES_K) B tile of ones, fenced for the
+        wgmmas' async proxy (the caller's pipeline_init_wait syncs)."""
+        layout = self._smem_layout(8, ONES_K, dtype=self.mma_dtype)
+        count = 8 * ONES_K
         flat = storage.sOnes.get_tensor(cute.make_layout(count))
         threads = self.cfg.num_threads
         for j in cutlass.range_constexpr((count + threads - 1) // threads):
@@ -1567,7 +1570,8 @@ class Sm90PagedPrefill:
     ) -> BlockGemms:
         """This warpgroup's BlockGemms (O's accumulator uninitialized); with `fp8_qk` sQ is
         sQ8 and tSrQ its (hi, lo) fragments; with `row_sum_mma` (sOnes given) the row sums'
-        GEMM, P times the (8, tile_n) ones tile, K-major, on P V's A registers."""
+        GEMM, P times ones, K-major, on P V's A registers: one (8, ONES_K) tile, every k slice
+        (ONES_K keys) reads the same."""
         wg = cute.arch.make_warp_uniform(tidx // 128)
         thr_qk = tiled_mma_qk.get_slice(tidx)
         thr_pv = tiled_mma_pv.get_slice(tidx)
@@ -1599,7 +1603,7 @@ class Sm90PagedPrefill:
                 a_source=warpgroup.OperandSource.RMEM,
             )
             wg_sum = mma_sum.get_slice(wg * 128)
-            tOnes = wg_sum.make_fragment_B(wg_sum.partition_B(sOnes))
+            tOnes = wg_sum.make_fragment_B(wg_sum.partition_B(sOnes))[None, None, 0]
             acc_L = cute.make_rmem_tensor(wg_sum.partition_shape_C((self.tile_m, 8)), Float32)
             sum_gemm = (mma_sum, acc_L, tOnes)
         mmas = (tiled_mma_qk, tiled_mma_pv, thr_pv)
