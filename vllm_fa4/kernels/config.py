@@ -264,19 +264,7 @@ class Fp8Qk(Enum):
     SPLIT_Q = "fp8_qk"
 
 
-class RowSum(Enum):
-    """Where the softmax's row sums (its denominators) are taken."""
-
-    # Each thread adds its P values of a row in fp32 (FADD per score); the quad's four
-    # partial sums meet in the epilogue.
-    THREAD_ADDS = "row_sum_adds"
-    # P times a shared-memory tile of ones (one m64n8 wgmma chain beside P V, same A
-    # registers; 256 B inside the mbarriers' first KB): the tensor pipe sums the rounded P
-    # that P V reads, O's rescale scales it like O, and the softmax warps issue no FADD.
-    TENSOR = "row_sum_mma"
-
-
-AXES = (Tiles, BlockStep, QLoad, KvBox, PageRead, Epilogue, Fp8Qk, RowSum)
+AXES = (Tiles, BlockStep, QLoad, KvBox, PageRead, Epilogue, Fp8Qk)
 _BY_SPELLING = {member.value: member for axis in AXES for member in axis}
 
 
@@ -320,7 +308,6 @@ class KernelConfig:
     # test can check each tile ran exactly once (tests/gpu/test_tile_scheduler.py).
     count_visits: bool = False
     fp8_qk: Fp8Qk = Fp8Qk.CONVERTED_K
-    row_sum: RowSum = RowSum.THREAD_ADDS
 
     @classmethod
     def parse(cls, spec: str) -> KernelConfig:
@@ -367,7 +354,6 @@ class KernelConfig:
             "epilogue",
             "lazy_max",
             "fp8_qk",
-            "row_sum",
         ):
             value = getattr(self, name)
             if value != getattr(default, name):
@@ -548,7 +534,6 @@ _FIELD_OF = {
     PageRead: "page_read",
     Epilogue: "epilogue",
     Fp8Qk: "fp8_qk",
-    RowSum: "row_sum",
 }
 
 

@@ -46,7 +46,6 @@ def write_output(
     staged: cutlass.Constexpr[bool],
     mSinks=None,  # [Hq] fp32 sink logits (attention sinks), or None
     o_scale=None,  # Float32 factor of every O row (an fp8 cache's v_scale), or None
-    quad_partials: cutlass.Constexpr[bool] = True,  # row_sum: parts of a quad's row (else totals)
 ):
     num_rows = cute.size(row_max)
     tile_m, head_dim = cute.size(sQ, mode=[0]), cute.size(sQ, mode=[1])
@@ -59,7 +58,7 @@ def write_output(
         for i in cutlass.range_constexpr(num_rows):
             _, _, head = _row_target(work, oC[i, 0][0], qhead_per_kvhead)
             sink_log2[i] = mSinks[head] * Float32(LOG2_E)
-    softmax_finish(row_max, row_sum, scale_log2, inv_sum, lse, sink_log2, quad_partials)
+    softmax_finish(row_max, row_sum, scale_log2, inv_sum, lse, sink_log2)
     if cutlass.const_expr(o_scale is not None):
         for i in cutlass.range_constexpr(num_rows):
             inv_sum[i] = inv_sum[i] * o_scale

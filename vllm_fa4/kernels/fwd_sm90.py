@@ -22,7 +22,6 @@ The config's axes (kernels/config.py describes each value) and where they live h
   page_read   _block_pages (BLOCK_AHEAD: paged_kv.read_block_pages)
   epilogue    epilogue.write_output (STAGED: through the warpgroup's slice of sQ)
   lazy_max    rescale_o and the softmax steps
-  row_sum     pv_gemm, rescale_o, fill_ones (TENSOR: P times a ones tile beside P V)
 """
 
 from dataclasses import dataclass
@@ -49,7 +48,6 @@ from vllm_fa4.kernels.config import (
     KvBox,
     PageRead,
     QLoad,
-    RowSum,
     Tiles,
     grid_shift_keys,
 )
@@ -108,28 +106,17 @@ def _wgmma(
     tB: cute.Tensor,
     zero_init: cutlass.Constexpr[bool],
     wait: cutlass.Constexpr[int],
-    beside=None,
 ):
     """Issue one warpgroup GEMM over all k slices; wait < 0 leaves it in flight. `tA` may be
-    a tuple of A operands (`fp8_qk`'s Q halves): their products accumulate, one group.
-    `beside`: (tiled MMA, accumulator, B) of a second GEMM on the same A registers, issued
-    k slice by k slice in the same group, accumulating, with one B for every k slice
-    (`row_sum_mma`'s P times ones)."""
+    a tuple of A operands (`fp8_qk`'s Q halves): their products accumulate, one group."""
     warpgroup.fence()
     atom = cute.make_mma_atom(tiled_mma.op)
     atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
     parts = tA if isinstance(tA, tuple) else (tA,)
-    atom2 = None
-    if cutlass.const_expr(beside is not None):
-        atom2 = cute.make_mma_atom(beside[0].op)
-        atom2.set(warpgroup.Field.ACCUMULATE, True)
     for k in cutlass.range_constexpr(cute.size(parts[0].shape[2])):
         for part in parts:  # hi then lo on the same K slice
             cute.gemm(atom, acc, part[None, None, k], tB[None, None, k], acc)
             atom.set(warpgroup.Field.ACCUMULATE, True)
-        if cutlass.const_expr(beside is not None):
-            _, acc2, tB2 = beside
-            cute.gemm(atom2, acc2, parts[0][None, None, k], tB2, acc2)
     warpgroup.commit_group()
     if cutlass.const_expr(wait >= 0):
         warpgroup.wait_group(wait)
@@ -191,7 +178,6 @@ class VLoadArgs(NamedTuple):
     pipe_v: pipeline.PipelineTmaAsync
 
 
-ONES_K = 16  # `row_sum_mma`: keys of the ones tile, one wgmma k slice (reused for each)
 F16_MAX = 65504.0  # fp16's largest finite value (convert_q saturates Q there)
 
 
@@ -216,7 +202,6 @@ class ConsumerArgs(NamedTuple):
     o_scale: Optional[Float32]  # an fp8 cache's v_scale, applied to O (else None)
     sQ_mma: Optional[cute.Tensor]  # `q_converts`: sQ typed as the GEMMs read it (else None)
     q_split: Optional[tuple]  # `fp8_qk`: (sQ8 (tile_m, D, 2) e4m3 halves, row scales)
-    sOnes: Optional[cute.Tensor]  # `row_sum_mma`: the (8, tile_n) tile of ones (else None)
 
 
 class SoftmaxArgs(NamedTuple):
@@ -226,7 +211,7 @@ class SoftmaxArgs(NamedTuple):
     work: object  # the tile's TileWork
     diag: Int32  # k_len - q_len: the causal diagonal's key offset
     row_max: cute.Tensor
-    row_sum: Optional[cute.Tensor]  # None with `row_sum_mma` (BlockGemms.acc_L holds it)
+    row_sum: cute.Tensor
     row_scale: cute.Tensor  # the block's O factors
     scale_log2: Float32
     feats: tuple  # (window_left, softcap_prescale)
@@ -246,8 +231,6 @@ class BlockGemms:
     tOrP: cute.Tensor
     acc_O: cute.Tensor
     tScS: cute.Tensor  # identity coordinates of S in this thread's accumulator layout
-    # `row_sum_mma` (else None): P times the ones tile, every column a row's running sum
-    sum_gemm: Optional[tuple] = None  # (tiled MMA 64 x 8, acc_L, the ones' one k slice of B)
 
 
 class Sm90PagedPrefill:
@@ -303,7 +286,6 @@ class Sm90PagedPrefill:
         self.wide_box = cfg.kv_box is KvBox.WIDE
         self.pages_ahead = cfg.page_read is PageRead.BLOCK_AHEAD
         self.staged_epilogue = cfg.epilogue is Epilogue.STAGED
-        self.row_sum_mma = cfg.row_sum is RowSum.TENSOR
         # `queue_work`: the TileWork fields a tile-queue slot carries after the tile index
         self.queue_work_words = queue_work_words(
             self.queue_work, key.sliding_window, bool(self.shift_keys)
@@ -344,8 +326,7 @@ class Sm90PagedPrefill:
         """The shared-memory struct: mbarriers (K, V, then the tile queue's, Q's and the fp8
         staging rings' where the kernel has them) in the first 1 KB, then sQ, sK, sV (and the
         fp8 sK8, sV8; with `fp8_qk` sK is fp8, there is no sK8, and Q's halves sQ8 and row
-        scales q_row_scale follow) on 1 KB boundaries; `row_sum_mma`'s ones tile sits in the first
-        KB behind the mbarriers."""
+        scales q_row_scale follow) on 1 KB boundaries."""
         dt, stages = self.dtype, self.stages
         mem, align = cute.struct.MemRange, cute.struct.Align
         fields = {
@@ -362,8 +343,6 @@ class Sm90PagedPrefill:
         if self.fp8_kv:
             for name in staged:
                 fields["mbar_" + name[1:].lower()] = mem[cutlass.Int64, self.staging_stages * 2]
-        if self.row_sum_mma:  # 256 B of ones: inside the first KB with the mbarriers
-            fields["sOnes"] = align[mem[self.mma_dtype, 8 * ONES_K], 256]
         fields["sQ"] = align[mem[dt, cute.cosize(sQ_layout)], 1024]
         k_dtype = self.cache_dtype if self.fp8_qk else self.mma_dtype
         for name, layout, dtype in (("sK", sK_layout, k_dtype), ("sV", sV_layout, self.mma_dtype)):
@@ -636,9 +615,6 @@ class Sm90PagedPrefill:
             outer, inner = staging_layout.outer, staging_layout.inner
             sK_load = storage.sK8.get_tensor(outer, swizzle=inner)
             sV_load = storage.sV8.get_tensor(outer, swizzle=inner)
-        sOnes = None
-        if cutlass.const_expr(self.row_sum_mma):  # filled before pipeline_init_wait's sync
-            sOnes = self.fill_ones(storage, tidx)
 
         tile_args = WorkList(
             mWorkTiles,
@@ -690,7 +666,6 @@ class Sm90PagedPrefill:
                 *(mSinks, window_left, softcap_prescale, scale_log2, tidx - 128, o_scale),
                 sQ_mma,
                 q_split,
-                sOnes,
             )
             consume = self.consume
             if cutlass.const_expr(self.q_tma):
@@ -1319,41 +1294,14 @@ class Sm90PagedPrefill:
         )
 
     @cute.jit
-    def rescale_o(self, g, row_scale: cute.Tensor):
-        """O (and `row_sum_mma`'s row sums) *= the block's row scales; with `lazy_max` only
-        when some row of the warp moved its max (the others' scales are exactly 1)."""
+    def rescale_o(self, acc_O: cute.Tensor, row_scale: cute.Tensor):
+        """O *= the block's row scales; with `lazy_max` only when some row of the warp moved
+        its max (the others' scales are exactly 1)."""
         if cutlass.const_expr(self.cfg.lazy_max):
             if rescale_needed(row_scale):
-                self._scale_accs(g, row_scale)
+                scale_rows(acc_O, row_scale)
         else:
-            self._scale_accs(g, row_scale)
-
-    @cute.jit
-    def _scale_accs(self, g, row_scale: cute.Tensor):
-        scale_rows(g.acc_O, row_scale)
-        if cutlass.const_expr(g.sum_gemm is not None):
-            scale_rows(g.sum_gemm[1], row_scale)
-
-    @cute.jit
-    def pv_gemm(self, g, stage, wait: cutlass.Constexpr[int]):
-        """O += P V over the K/V stage `stage` (with `row_sum_mma` the row sums += P times
-        ones in the same group); wait < 0 leaves it in flight."""
-        tV = g.tOrVt[None, None, None, stage]
-        _wgmma(g.mma_pv, g.acc_O, g.tOrP, tV, False, wait, beside=g.sum_gemm)
-
-    @cute.jit
-    def fill_ones(self, storage, tidx: Int32) -> cute.Tensor:
-        """`row_sum_mma`: CTA threads write the (8, ONES_K) B tile of ones, fenced for the
-        wgmmas' async proxy (the caller's pipeline_init_wait syncs)."""
-        layout = self._smem_layout(8, ONES_K, dtype=self.mma_dtype)
-        count = 8 * ONES_K
-        flat = storage.sOnes.get_tensor(cute.make_layout(count))
-        threads = self.cfg.num_threads
-        for j in cutlass.range_constexpr((count + threads - 1) // threads):
-            if tidx + j * threads < count:
-                flat[tidx + j * threads] = self.mma_dtype(1.0)
-        cute.arch.fence_view_async_shared()
-        return storage.sOnes.get_tensor(layout.outer, swizzle=layout.inner)
+            scale_rows(acc_O, row_scale)
 
     @cute.jit
     def softmax_block(
@@ -1441,7 +1389,7 @@ class Sm90PagedPrefill:
         sQ_mma = sQ if cutlass.const_expr(args.sQ_mma is None) else args.sQ_mma
         if cutlass.const_expr(self.fp8_qk):
             sQ_mma = args.q_split[0]
-        g = self.block_gemms(sQ_mma, sK, sV, tiled_mma_qk, tiled_mma_pv, tidx, args.sOnes)
+        g = self.block_gemms(sQ_mma, sK, sV, tiled_mma_qk, tiled_mma_pv, tidx)
         tSrQ = g.tSrQ
         if cutlass.const_expr(self.q_tma and not self.fp8_qk):  # fp8_qk: one split buffer
             tSrQ = tSrQ[None, None, None, q_stage]
@@ -1476,13 +1424,9 @@ class Sm90PagedPrefill:
         next_tile = Int32(0)  # q_prefetch only
 
         row_max = cute.make_rmem_tensor(num_rows, Float32)
+        row_sum = cute.make_rmem_tensor(num_rows, Float32)
         row_max.fill(-Float32.inf)
-        row_sum = None  # `row_sum_mma`: g.sum_gemm's accumulator
-        if cutlass.const_expr(self.row_sum_mma):
-            g.sum_gemm[1].fill(0.0)
-        else:
-            row_sum = cute.make_rmem_tensor(num_rows, Float32)
-            row_sum.fill(0.0)
+        row_sum.fill(0.0)
         acc_O.fill(0.0)
         row_scale = cute.make_rmem_tensor(num_rows, Float32)
         n_max = work.n_block_max
@@ -1500,8 +1444,8 @@ class Sm90PagedPrefill:
                 g, tSrQ, work, state, softmax_args, sV, pipe_k, pipe_v, tidx, wg, convert_q
             )
             if cutlass.const_expr(not self.overlap):
-                tOrP, tSrK = g.tOrP, g.tSrK
-                self.pv_gemm(g, state.index, 0)
+                tOrP, tOrVt, tSrK = g.tOrP, g.tOrVt, g.tSrK
+                _wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False, 0)
                 pipe_v.consumer_release(state)
                 state.advance()
                 for i in cutlass.range(1, n_count, unroll=1):
@@ -1511,10 +1455,12 @@ class Sm90PagedPrefill:
                     _wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True, 0)
                     pipe_k.consumer_release(state)
                     self.softmax_block(acc_S, n_block, *softmax_args)
-                    self.rescale_o(g, row_scale)
+                    self.rescale_o(acc_O, row_scale)
                     tOrP.store(acc_as_operand_a(acc_S).load().to(self.mma_dtype))
                     pipe_v.consumer_wait(state)
-                    self.pv_gemm(g, state.index, 0)
+                    _wgmma(
+                        tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False, 0
+                    )
                     pipe_v.consumer_release(state)
                     state.advance()
             else:
@@ -1544,11 +1490,6 @@ class Sm90PagedPrefill:
         if cutlass.const_expr(self.q_tma):
             sO = sQ[None, None, q_stage]
         out = (mO, mLSE, mSinks, sO)
-        if cutlass.const_expr(self.row_sum_mma):  # column 0 of the row sums' accumulator
-            row_sum = cute.make_rmem_tensor(num_rows, Float32)
-            sums = acc_rows_view(g.sum_gemm[1])
-            for i in cutlass.range_constexpr(num_rows):
-                row_sum[i] = sums[i, 0]
         self.epilogue(work, out, g, row_max, row_sum, scale_log2, tidx, wg, args.o_scale)
         if cutlass.const_expr(self.q_tma and self.staged_epilogue):
             # The stage's generic-proxy reads and writes come before the producer's TMA.
@@ -1565,13 +1506,9 @@ class Sm90PagedPrefill:
             cute.arch.mbarrier_arrive(q_empty + q_stage)
 
     @cute.jit
-    def block_gemms(
-        self, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, tidx: Int32, sOnes=None
-    ) -> BlockGemms:
+    def block_gemms(self, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, tidx: Int32) -> BlockGemms:
         """This warpgroup's BlockGemms (O's accumulator uninitialized); with `fp8_qk` sQ is
-        sQ8 and tSrQ its (hi, lo) fragments; with `row_sum_mma` (sOnes given) the row sums'
-        GEMM, P times ones, K-major, on P V's A registers: one (8, ONES_K) tile, every k slice
-        (ONES_K keys) reads the same."""
+        sQ8 and tSrQ its (hi, lo) fragments."""
         wg = cute.arch.make_warp_uniform(tidx // 128)
         thr_qk = tiled_mma_qk.get_slice(tidx)
         thr_pv = tiled_mma_pv.get_slice(tidx)
@@ -1593,21 +1530,8 @@ class Sm90PagedPrefill:
             wg_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32
         )
         tScS = thr_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
-        sum_gemm = None
-        if cutlass.const_expr(sOnes is not None):
-            k_major = cute.nvgpu.OperandMajorMode.K
-            mma_sum = sm90_utils.make_trivial_tiled_mma(
-                *(self.mma_dtype, self.mma_dtype, k_major, k_major, Float32),
-                (self.cfg.mma_wgs, 1, 1),
-                (64, 8),
-                a_source=warpgroup.OperandSource.RMEM,
-            )
-            wg_sum = mma_sum.get_slice(wg * 128)
-            tOnes = wg_sum.make_fragment_B(wg_sum.partition_B(sOnes))[None, None, 0]
-            acc_L = cute.make_rmem_tensor(wg_sum.partition_shape_C((self.tile_m, 8)), Float32)
-            sum_gemm = (mma_sum, acc_L, tOnes)
         mmas = (tiled_mma_qk, tiled_mma_pv, thr_pv)
-        return BlockGemms(*mmas, tSrQ, tSrK, tOrVt, tOrP, acc_O, tScS, sum_gemm)
+        return BlockGemms(*mmas, tSrQ, tSrK, tOrVt, tOrP, acc_O, tScS)
 
     def new_acc_S(self, g: BlockGemms) -> cute.Tensor:
         """A fresh S accumulator. (Its shape is not a BlockGemms field: the DSL's `if`
@@ -1641,7 +1565,6 @@ class Sm90PagedPrefill:
             self.staged_epilogue,
             mSinks,
             o_scale,
-            not self.row_sum_mma,
         )
 
     @cute.jit
@@ -1700,8 +1623,8 @@ class Sm90PagedPrefill:
         turn_wait(self.turns, wg)
         _wgmma(g.mma_qk, acc_S, tSrQ, g.tSrK[None, None, None, state.index], True, -1)
         if cutlass.const_expr(self.pv_wait_mid):
-            self.rescale_o(g, row_scale)  # the previous block's, under this Q K^T
-        self.pv_gemm(g, state_v.index, -1)
+            self.rescale_o(g.acc_O, row_scale)  # the previous block's, under this Q K^T
+        _wgmma(g.mma_pv, g.acc_O, g.tOrP, g.tOrVt[None, None, None, state_v.index], False, -1)
         turn_pass(self.turns, wg)
         warpgroup.wait_group(1)  # S_j done; P_{j+1} V_{j+1} may still run
         pipe_k.consumer_release(state)
@@ -1717,7 +1640,7 @@ class Sm90PagedPrefill:
             # then cannot interleave.
             softmax_rest(acc_S, softmax_args.row_sum, row_scale, neg_shift, softmax_args.scale_log2)
         else:
-            self.rescale_o(g, row_scale)
+            self.rescale_o(g.acc_O, row_scale)
         g.tOrP.store(acc_as_operand_a(acc_S).load().to(self.mma_dtype))
         if cutlass.const_expr(self.pv_wait_mid):
             computed_here(g.tOrP)
@@ -1732,8 +1655,8 @@ class Sm90PagedPrefill:
         with `pv_wait_mid` after the last block's rescale of O."""
         turn_wait(self.turns, wg)
         if cutlass.const_expr(self.pv_wait_mid):
-            self.rescale_o(g, row_scale)
-        self.pv_gemm(g, state_v.index, -1)
+            self.rescale_o(g.acc_O, row_scale)
+        _wgmma(g.mma_pv, g.acc_O, g.tOrP, g.tOrVt[None, None, None, state_v.index], False, -1)
         turn_pass(self.turns, wg)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(state_v)

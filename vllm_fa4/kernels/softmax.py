@@ -18,15 +18,11 @@ LAZY_MAX_MARGIN_LOG2 = 0.0
 
 
 def acc_rows_view(acc: cute.Tensor) -> cute.Tensor:
-    """View an SM90 accumulator ((2, 2, V), M, N) as (rows, cols) = ((2, M), (2, V, N)); an n8
-    one's ((2, 2), M, N) as ((2, M), (2, N))."""
+    """View an SM90 accumulator ((2, 2, V), M, N) as (rows, cols) = ((2, M), (2, V, N))."""
     flat = cute.make_layout(acc.layout.shape)
     sh, st = flat.shape, flat.stride
     rows = ((sh[0][1], sh[1]), (st[0][1], st[1]))
-    if len(sh[0]) == 2:  # an n8 accumulator ((2, 2), M, N): no V mode
-        cols = ((sh[0][0], sh[2]), (st[0][0], st[2]))
-    else:
-        cols = ((sh[0][0], sh[0][2], sh[2]), (st[0][0], st[0][2], st[2]))
+    cols = ((sh[0][0], sh[0][2], sh[2]), (st[0][0], st[0][2], st[2]))
     mn = cute.make_layout((rows[0], cols[0]), stride=(rows[1], cols[1]))
     return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
 
@@ -124,8 +120,7 @@ def softmax_step(
     """S -> unnormalized P in place; row_scale[i] = factor to apply to O's row i.
 
     row_max / row_sum are this thread's running stats (row_sum stays a per-thread partial
-    until softmax_finish); row_sum None: `row_sum_mma` sums P on the tensor pipe, and the
-    exponentials' sum here is dead code.
+    until softmax_finish).
 
     lazy_max: a row's running max moves only when the block raises it by more than
     LAZY_MAX_MARGIN_LOG2 (else row_scale is exactly 1), so blocks where no row of a warp
@@ -136,11 +131,10 @@ def softmax_step(
         part = _row_exps(sS, i, scale_log2, neg_shift)
         scale = _row_scale(i, row_max, scale_log2, moved, neg_shift, is_first, lazy_max)
         row_scale[i] = scale
-        if cutlass.const_expr(row_sum is not None):
-            if cutlass.const_expr(is_first):
-                row_sum[i] = part
-            else:
-                row_sum[i] = row_sum[i] * scale + part
+        if cutlass.const_expr(is_first):
+            row_sum[i] = part
+        else:
+            row_sum[i] = row_sum[i] * scale + part
         row_max[i] = new_max
 
 
@@ -163,9 +157,7 @@ def softmax_head(
         row_scale[i] = _row_scale(i, row_max, scale_log2, moved, shift, False, lazy_max)
         neg_shift[i] = shift
         row_max[i] = new_max
-    part = _row_exps(sS, 0, scale_log2, neg_shift[0])
-    if cutlass.const_expr(row_sum is not None):
-        row_sum[0] = row_sum[0] * row_scale[0] + part
+    row_sum[0] = row_sum[0] * row_scale[0] + _row_exps(sS, 0, scale_log2, neg_shift[0])
 
 
 @cute.jit
@@ -178,10 +170,8 @@ def softmax_rest(
 ):
     """`pv_wait_mid`: the exponentials of every row but the first (after the P V wait)."""
     sS = acc_rows_view(acc_S)
-    for i in cutlass.range_constexpr(1, cute.size(row_scale)):
-        part = _row_exps(sS, i, scale_log2, neg_shift[i])
-        if cutlass.const_expr(row_sum is not None):
-            row_sum[i] = row_sum[i] * row_scale[i] + part
+    for i in cutlass.range_constexpr(1, cute.size(row_sum)):
+        row_sum[i] = row_sum[i] * row_scale[i] + _row_exps(sS, i, scale_log2, neg_shift[i])
 
 
 @cute.jit
@@ -200,18 +190,13 @@ def softmax_finish(
     inv_sum: cute.Tensor,
     lse: cute.Tensor,
     sink_log2=None,  # per-row sink logit * log2 e (attention sinks), or None
-    quad_partials: cutlass.Constexpr[bool] = True,
 ):
     """inv_sum = the factor that normalizes O's row (1 for empty rows); lse in natural log
-    (-inf for empty rows). quad_partials: row_sum holds each thread's part of its quad's row
-    (else, `row_sum_mma`, the row's total). A sink joins the denominator: with both in log2
-    units, the row's max m and the sink s meet at M = max(m, s), so neither exp2 can
-    overflow."""
+    (-inf for empty rows). A sink joins the denominator: with both in log2 units, the row's
+    max m and the sink s meet at M = max(m, s), so neither exp2 can overflow."""
     for i in cutlass.range_constexpr(cute.size(row_max)):
         row_log2_scale = row_scale_log2(scale_log2, i)
-        total = row_sum[i]
-        if cutlass.const_expr(quad_partials):
-            total = quad_allreduce(total, False)
+        total = quad_allreduce(row_sum[i], False)
         if cutlass.const_expr(sink_log2 is None):
             empty = total == 0.0 or total != total
             inv_sum[i] = Float32(1.0) if empty else cute.arch.rcp_approx(total)
