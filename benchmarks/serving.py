@@ -23,6 +23,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import statistics
@@ -215,15 +216,22 @@ def model_context(model: str) -> int | None:
         return None
 
 
+# Tokens a prompt may grow by between the benchmark's count and the engine's: the tokenizer's
+# BOS (the random dataset counts without special tokens) and re-encoding. A 131,071-token
+# prompt on Llama-3.1-8B's 131,072 failed on both backends at once (2026-11-27, session 17).
+CONTEXT_SLACK = 32
+
+
 def fit_input_len(args, input_len: int, output_len: int) -> int:
     """The prompt length to run: the one asked for, or as long as the model's context allows
-    with output_len tokens after it (vLLM rejects a prompt that leaves no room)."""
+    with output_len tokens and CONTEXT_SLACK after it (vLLM rejects a prompt that leaves no
+    room)."""
     context = args.context
-    if context is None or input_len + output_len <= context:
+    if context is None or input_len + output_len + CONTEXT_SLACK <= context:
         return input_len
-    if output_len >= context:
+    if output_len + CONTEXT_SLACK >= context:
         raise SystemExit(f"error: output {output_len} does not fit {args.model}'s {context} tokens")
-    return context - output_len
+    return context - output_len - CONTEXT_SLACK
 
 
 def context_note(args, input_len: int, output_len: int, what: str) -> None:
@@ -378,6 +386,21 @@ def tail(path: Path, lines: int = 40) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+ERROR_LINE = re.compile(r"^\w*(Error|Exception)\b|\bError: |\bERROR\b")
+
+
+def failure_reason(path: Path) -> str:
+    """What a failed run's log says went wrong: its last error line (an exception's message,
+    or an ERROR log record), else its last three lines (a run's tail is often only the
+    engine's shutdown messages)."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errors = [line.strip() for line in lines if ERROR_LINE.search(line.strip())]
+    return errors[-1] if errors else " ".join(lines[-3:])
 
 
 def wait_healthy(
@@ -719,9 +742,8 @@ def throughput_run(args, backend: str, length: int, n: int, tag: str, out_dir: P
     if rc == 0 and out_json.exists():
         rec.update(json.loads(out_json.read_text()))
     else:
-        rec["error"] = f"error: rc {rc}; see {out_dir / tag}.log: " + tail(
-            out_dir / f"{tag}.log", 3
-        ).replace("\n", " ")
+        reason = failure_reason(out_dir / f"{tag}.log")
+        rec["error"] = f"error: rc {rc}; see {out_dir / tag}.log: {reason}"
     return rec
 
 

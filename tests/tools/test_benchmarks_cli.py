@@ -640,11 +640,13 @@ def test_throughput_cases_fit_the_model_context(capsys):
         ["throughput", "--model", gemma, "--cases", "8192:100,16384:100,2048:5"]
     )
     assert args.context == 8192
-    assert serving.throughput_cases(args) == [(8191, 100), (2048, 5)]
+    # room for the BOS and re-encoding (serving.CONTEXT_SLACK)
+    fitted = 8192 - 1 - serving.CONTEXT_SLACK
+    assert serving.throughput_cases(args) == [(fitted, 100), (2048, 5)]
     out = capsys.readouterr().out
-    assert "input 8192 + output 1 runs as input 8191" in out
+    assert f"input 8192 + output 1 runs as input {fitted}" in out
     assert "input 16384 + output 1 is a case already listed" in out
-    cmd = serving.bench_throughput_command(args, "FA4", 8191, 100, Path("o.json"))
+    cmd = serving.bench_throughput_command(args, "FA4", fitted, 100, Path("o.json"))
     assert cmd[cmd.index("--max-model-len") + 1] == "8192"
     short = serving.bench_throughput_command(args, "FA4", 2048, 5, Path("o.json"))
     assert short[short.index("--max-model-len") + 1] == str(2048 + 1 + 128)
@@ -654,11 +656,12 @@ def test_serve_points_fit_the_model_context():
     gemma = str(ROOT / "configs" / "gemma-2-9b")
     args = serving.parse_args(["serve", "--model", gemma, "--token-rates", "inf"])
     points = serving.serve_points(args)
+    slack = serving.CONTEXT_SLACK
     assert [(p.input_len, p.output_len) for p in points] == [
         (2048, 1),
         (2048, 128),
-        (8191, 1),
-        (8064, 128),
+        (8192 - 1 - slack, 1),
+        (8192 - 128 - slack, 128),
     ]  # 32768 fits no better than 8192 did: no second copy of those points
     cmd = serving.serve_command(args, "FA4", points)
     assert cmd[cmd.index("--max-model-len") + 1] == "8192"
@@ -962,3 +965,21 @@ def test_throughput_budget_stops_before_a_round_that_cannot_finish(tmp_path, mon
     assert sorted(r["backend"] for r in records) == ["FA4", "FLASH_ATTN"]
     out = capsys.readouterr()
     assert "round 2 of 2 not started" in out.out + out.err
+
+
+def test_failed_run_names_its_error_not_the_shutdown(tmp_path):
+    """A failed bench run reports the log's last error line; the tail (engine shutdown
+    messages, all session 17's 128k failure said) only when there is none."""
+    log_path = tmp_path / "run.log"
+    log_path.write_text(
+        "INFO starting\n"
+        "Traceback (most recent call last):\n"
+        '  File "x.py", line 1, in <module>\n'
+        "ValueError: The decoder prompt (length 131072) is longer than the maximum model length\n"
+        "INFO [core_client.py:659] [shutdown] MPClient: engine manager stopped\n"
+        "INFO [core_client.py:662] [shutdown] MPClient: complete\n"
+    )
+    assert serving.failure_reason(log_path).startswith("ValueError: The decoder prompt")
+    log_path.write_text("INFO a\nINFO b\nINFO c\nINFO d\n")
+    assert serving.failure_reason(log_path) == "INFO b INFO c INFO d"
+    assert serving.failure_reason(tmp_path / "missing.log") == ""
