@@ -217,8 +217,9 @@ def model_context(model: str) -> int | None:
 
 
 # Tokens a prompt may grow by between the benchmark's count and the engine's: the tokenizer's
-# BOS (the random dataset counts without special tokens) and re-encoding. A 131,071-token
-# prompt on Llama-3.1-8B's 131,072 failed on both backends at once (2026-11-27, session 17).
+# BOS (the random dataset counts without special tokens and hands the engine text) and
+# re-encoding. vLLM refuses a prompt as long as max_model_len (no room for one output token):
+# 131,071 tokens + BOS on Llama-3.1-8B's 131,072 failed on both backends (2026-11-27).
 CONTEXT_SLACK = 32
 
 

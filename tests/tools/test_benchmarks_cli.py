@@ -975,7 +975,8 @@ def test_failed_run_names_its_error_not_the_shutdown(tmp_path):
         "INFO starting\n"
         "Traceback (most recent call last):\n"
         '  File "x.py", line 1, in <module>\n'
-        "ValueError: The decoder prompt (length 131072) is longer than the maximum model length\n"
+        "ValueError: The decoder prompt (length 131072) plus the number of requested output "
+        "tokens (at least 1) is longer than the maximum model length of 131072.\n"
         "INFO [core_client.py:659] [shutdown] MPClient: engine manager stopped\n"
         "INFO [core_client.py:662] [shutdown] MPClient: complete\n"
     )
