@@ -75,7 +75,7 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # The short pick reads a block's page-table entries a block ahead and loads V on the
     # producer's second warp (gpt-oss shape, H100: page 16 +10.8 to +13.5 % in 5 of 5, 1.14-
     # 1.21x FA3c, session 15; page 128 -0.5 to +4.7 %, two runs, 1.07-1.17x FA3c, session 16;
-    # pages 32 and 64 unmeasured).
+    # pages 32 and 64 +3.6 to +5.9 % and +0.4 to +4.7 %, 1.07-1.22x FA3c, session 17).
     (64, True, False): (
         "queue+overlap+q_prefetch+mma_wgs=3",
         WINDOW_64_SHORT,
