@@ -57,6 +57,17 @@ CASES = {
     "2k@64k": ((16, 128), [(2048, 65536 + 2048)]),
     "16k+31x512": ((16,), [(16384, 16384)] + [(512, 512)] * 31),
 }
+DEFAULT_CASES = tuple(CASES)  # the 19 (case, page) pairs of the README's kernel rows
+# What vLLM sends when it serves long prompts (chunked prefill, max_num_batched_tokens 16384):
+# one 16k chunk after a prefix of the same prompt. Served 8B at 64k prompts runs the chunks
+# after 0, 16k, 32k and 48k; at 128k after 0 to 112k (docs/perf-notes.md, session 18).
+CASES.update(
+    {
+        "16k@16k": ((16,), [(16384, 16384 + 16384)]),
+        "16k@48k": ((16,), [(16384, 49152 + 16384)]),
+        "16k@112k": ((16,), [(16384, 114688 + 16384)]),
+    }
+)
 
 
 def parse_contender(text: str) -> tuple[KernelConfig | None, dict]:
@@ -247,7 +258,11 @@ def parse_args(argv=None):
         default=None,
         help="page sizes every case runs at (default: each case's own, 16 and/or 128)",
     )
-    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument(
+        "--cases",
+        default=",".join(DEFAULT_CASES),
+        help=f"comma-separated (default: the README's kernel cases); all: {', '.join(CASES)}",
+    )
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per case")
     ap.add_argument(
         "--window-left",

@@ -361,6 +361,18 @@ def test_variants_ab_window_options(variants_ab):
             variants_ab.parse_args(bad)
 
 
+def test_variants_ab_served_chunk_cases(variants_ab):
+    """The served-chunk cases (one 16k chunk after a prefix) run on request only: the default
+    stays the README's kernel cases."""
+    default = variants_ab.parse_args([]).cases.split(",")
+    assert default == list(variants_ab.DEFAULT_CASES)
+    assert "16k@48k" not in default and "16kx1" in default
+    pages, specs = variants_ab.CASES["16k@48k"]
+    assert pages == (16,) and specs == [(16384, 65536)]
+    assert variants_ab.CASES["16k@112k"][1] == [(16384, 131072)]
+    assert variants_ab.parse_args(["--cases", "16k@16k,16k@112k"]).cases == "16k@16k,16k@112k"
+
+
 def test_variants_ab_labels_name_the_mask(variants_ab):
     assert variants_ab.mask_header() == "mask=causal window_left=none softcap=none sinks=none"
     assert (
