@@ -125,8 +125,11 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # Head dim 256 at page 128 (session 3): long batches one tile per CTA (0-3 % ahead on 16k
     # and chunks after 64k), short ones the persistent grid (the CTA start-up paid once per
     # SM lifts 512x32 from 0.85 to 0.99). Without turns (`one_per_cta+overlap_free`, H200, cap
-    # 50): -0.4 to +1.7 %, not taken.
-    (256, False, True): ("one_per_cta+overlap", "queue+overlap"),
+    # 50): -0.4 to +1.7 %, not taken. Long batches wait for P V mid-softmax with lazy_max
+    # (2026-11-27, session 18, H100, Gemma-2-9B heads, 4k-16k and 2k after 64k: cap 50 +1.6 to
+    # +12.2 % in two runs, 8 of 8; no cap +1.2 to +3.5 %, one run; the persistent grid with
+    # the same step lost to one tile per CTA in 4 of 4).
+    (256, False, True): ("one_per_cta+pv_wait_mid+lazy_max", "queue+overlap"),
     (256, True, True): ("one_per_cta+overlap", "queue+overlap"),
 }
 
@@ -168,6 +171,8 @@ FP8_TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     (128, True, True): ("queue+overlap", "queue+overlap"),
     # overlap_free (the 16-bit pick above) on an FP8 cache: -4.5 to +0.4 % (H200), the turns stay.
     (256, False, False): ("queue+overlap+lazy_max", "queue+overlap"),
+    # Page 128: session 3's pick; the 16-bit row's P V wait (session 18) is unmeasured on FP8.
+    (256, False, True): ("one_per_cta+overlap", "queue+overlap"),
 }
 
 # FP8 head dim 128, long batches of a bfloat16 model, over FP8_TABLE's row: S = Q K^T on FP8
