@@ -57,7 +57,7 @@ CASES = {
     "2k@64k": ((16, 128), [(2048, 65536 + 2048)]),
     "16k+31x512": ((16,), [(16384, 16384)] + [(512, 512)] * 31),
 }
-DEFAULT_CASES = tuple(CASES)  # the 19 (case, page) pairs of the README's kernel rows
+DEFAULT_CASES = tuple(CASES)  # the names behind the README kernel rows (19 case-page pairs)
 # What vLLM sends when it serves long prompts (chunked prefill, max_num_batched_tokens 16384):
 # one 16k chunk after a prefix of the same prompt. Served 8B at 64k prompts runs the chunks
 # after 0, 16k, 32k and 48k; at 128k after 0 to 112k (docs/perf-notes.md, session 18).
