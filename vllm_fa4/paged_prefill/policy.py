@@ -97,7 +97,8 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # Head dim 128 at page 128: the V warp without pages ahead or wide boxes (session 12:
     # -0.1 to +0.7 % over session 11's pages-ahead pick, which the V warp with pages ahead
     # did not beat; wide boxes -0.6 to +0.7 %, session 13); page-128 long 1.005 -> 1.043 with
-    # the mid-softmax wait (session 14).
+    # the mid-softmax wait (session 14). One tile per CTA with the same step: -7.6 to -1.5 %
+    # (session 19, H100; the queue starts a tile's loads under the previous one).
     (128, False, True): (
         "queue_with_work+pv_wait_mid+q_tma+v_warp+lazy_max",
         "queue_with_work+pv_wait_mid+q_tma+staged_epilogue+lazy_max",
@@ -128,7 +129,8 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # 50): -0.4 to +1.7 %, not taken. Long batches wait for P V mid-softmax with lazy_max
     # (2026-11-27, session 18, H100, Gemma-2-9B heads, 4k-16k and 2k after 64k: cap 50 +1.6 to
     # +12.2 % in two runs, 8 of 8; no cap +1.2 to +3.5 %, one run; the persistent grid with
-    # the same step lost to one tile per CTA in 4 of 4).
+    # the same step lost to one tile per CTA in 4 of 4; pages ahead on top -2.2 to 0.0 %,
+    # session 19). With a window the P V wait without lazy_max lost 1.2-3.2 % (session 19).
     (256, False, True): ("one_per_cta+pv_wait_mid+lazy_max", "queue+overlap"),
     (256, True, True): ("one_per_cta+overlap", "queue+overlap"),
 }
@@ -171,7 +173,8 @@ FP8_TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     (128, True, True): ("queue+overlap", "queue+overlap"),
     # overlap_free (the 16-bit pick above) on an FP8 cache: -4.5 to +0.4 % (H200), the turns stay.
     (256, False, False): ("queue+overlap+lazy_max", "queue+overlap"),
-    # Page 128: session 3's pick; the 16-bit row's P V wait (session 18) is unmeasured on FP8.
+    # Page 128: session 3's pick; the 16-bit row's P V wait on FP8: -3.2 to +3.3 % in three
+    # runs (session 19, H100), not taken.
     (256, False, True): ("one_per_cta+overlap", "queue+overlap"),
 }
 
