@@ -353,8 +353,11 @@ def test_serving_configs_by_head_dim_page_size_and_batch():
             assert not config.count_visits
         # one plan tiles the batch before it picks: long and short tile alike
         assert configs.long.mma_wgs == configs.short.mma_wgs
-        if key.sliding_window:  # a row visits about two blocks: lazy_max has nothing to skip
-            assert not any(config.lazy_max for config in configs.all), key
+        if key.sliding_window:  # lazy_max measured a gain only on Gemma 2's 4k-window long
+            # batches at page 128 (head dim 256); gpt-oss's rows visit two or three blocks
+            lazy = {config for config in configs.all if config.lazy_max}
+            wide = key.head_dim == 256 and key.page_size >= 128
+            assert lazy <= ({configs.long} if wide else set()), key
     configs = serving_configs(KernelKey("bfloat16", 128, 16, 4))
     assert configs.long != configs.short
     limit = configs.short_max_blocks

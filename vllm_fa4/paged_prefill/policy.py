@@ -130,9 +130,12 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # (2026-11-27, session 18, H100, Gemma-2-9B heads, 4k-16k and 2k after 64k: cap 50 +1.6 to
     # +12.2 % in two runs, 8 of 8; no cap +1.2 to +3.5 %, one run; the persistent grid with
     # the same step lost to one tile per CTA in 4 of 4; pages ahead on top -2.2 to 0.0 %,
-    # session 19). With a window the P V wait without lazy_max lost 1.2-3.2 % (session 19).
+    # session 19). With a window (Gemma 2's local layers, 4k window, cap 50) the same step
+    # (2026-11-28, session 20, H100: +2.0 to +3.9 % over `one_per_cta+overlap` in 4 of 4,
+    # 4kx4 0.99 -> 1.01x paged FA3); the P V wait without lazy_max lost 1.2-3.2 % (session
+    # 19), lazy_max without it 1.3-2.4 % (session 20).
     (256, False, True): ("one_per_cta+pv_wait_mid+lazy_max", "queue+overlap"),
-    (256, True, True): ("one_per_cta+overlap", "queue+overlap"),
+    (256, True, True): ("one_per_cta+pv_wait_mid+lazy_max", "queue+overlap"),
 }
 
 # The same rows for an FP8 cache (issue 30; fp8_kv.py), unmeasured: the 16-bit picks without
@@ -174,8 +177,9 @@ FP8_TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # overlap_free (the 16-bit pick above) on an FP8 cache: -4.5 to +0.4 % (H200), the turns stay.
     (256, False, False): ("queue+overlap+lazy_max", "queue+overlap"),
     # Page 128: session 3's pick; the 16-bit row's P V wait on FP8: -3.2 to +3.3 % in three
-    # runs (session 19, H100), not taken.
+    # runs (session 19, H100), not taken; with a window unmeasured on FP8, so session 3's too.
     (256, False, True): ("one_per_cta+overlap", "queue+overlap"),
+    (256, True, True): ("one_per_cta+overlap", "queue+overlap"),
 }
 
 # FP8 head dim 128, long batches of a bfloat16 model, over FP8_TABLE's row: S = Q K^T on FP8
