@@ -121,6 +121,9 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # windows keep the turns). Long batches read a block's page-table entries a block ahead
     # (`pages_ahead`; 2026-11-27, session 14, H100, page 16, two runs: +2.9 to +8.1 % in 8 of
     # 8, V had arrived late behind the page-table load; pages 32 and 64 take it unmeasured).
+    # With a window and no cap, `queue+pv_wait_mid+lazy_max+pages_ahead` gained +3.6 to +7.6 %
+    # over `queue+overlap` at page 16 in two runs (session 20, H100); not taken until the
+    # sanitizers have run on it (docs/perf-notes.md, session 20, item 6).
     (256, False, False): ("queue+overlap_free+lazy_max+pages_ahead", "queue+overlap"),
     (256, True, False): ("queue+overlap", "queue+overlap"),
     # Head dim 256 at page 128 (session 3): long batches one tile per CTA (0-3 % ahead on 16k
@@ -131,9 +134,9 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # +12.2 % in two runs, 8 of 8; no cap +1.2 to +3.5 %, one run; the persistent grid with
     # the same step lost to one tile per CTA in 4 of 4; pages ahead on top -2.2 to 0.0 %,
     # session 19). With a window (Gemma 2's local layers, 4k window, cap 50) the same step
-    # (2026-11-28, session 20, H100: +2.0 to +3.9 % over `one_per_cta+overlap` in 4 of 4,
-    # 4kx4 0.99 -> 1.01x paged FA3); the P V wait without lazy_max lost 1.2-3.2 % (session
-    # 19), lazy_max without it 1.3-2.4 % (session 20).
+    # (2026-11-28, session 20, H100: +0.8 to +3.9 % over `one_per_cta+overlap` in 8 of 8 over
+    # two runs, no cap +0.6 to +4.3 % in one; 4kx4 0.99-1.01 -> 1.01x paged FA3); the P V
+    # wait without lazy_max lost 1.2-3.2 % (session 19), lazy_max without it 1.7-2.4 %.
     (256, False, True): ("one_per_cta+pv_wait_mid+lazy_max", "queue+overlap"),
     (256, True, True): ("one_per_cta+pv_wait_mid+lazy_max", "queue+overlap"),
 }
