@@ -105,6 +105,9 @@ SHAPES = (
     # Head dim 256 at page 16 without a cap: the table's long pick (the capped key's long
     # batches take 80-key blocks, policy.LONG_BY_PAGE).
     Shape("bfloat16", 256, 16, 16, 8),
+    # Head dim 256 with a window and no cap below page 128 (Gemma-3-12B's 1k-window local
+    # layers): the table's own row, not the capped key's 80-key blocks.
+    Shape("bfloat16", 256, 16, 16, 8, window=1023),
     Shape("bfloat16", 256, 128, 16, 8, softcap=50.0),  # Gemma 2 global layers
     # Windows at page 128 (--block-size 128): rows of their own in policy.TABLE.
     Shape("bfloat16", 64, 128, 64, 8, window=127, sinks=True),

@@ -148,9 +148,10 @@ def test_only_narrows_the_set_to_matching_labels():
     local = tool.shapes(only=r"hd256 p16 .*w")
     assert [s.label for s in local] == [
         "bfloat16 hd256 p16 16/8 w4095 cap50",
+        "bfloat16 hd256 p16 16/8 w1023",
         "bfloat16 hd256 p16 16/8 w4095 cap50 fp8",
     ]
-    assert tool.shapes(fp8=False, only=r"hd256 p16 .*w") == local[:1]
+    assert tool.shapes(fp8=False, only=r"hd256 p16 .*w") == local[:2]
     runs = list(tool.pairs(fp8=True, only=r"hd128 p(16|128) 32/8 fp8$"))
     assert {label for label, *_ in runs} == {
         "bfloat16 hd128 p16 32/8 fp8",

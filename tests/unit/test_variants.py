@@ -108,17 +108,17 @@ def test_block_n_spelling_geometry_and_limits():
 
 
 def test_block_n_80_is_the_long_pick_of_gemma_2s_capped_page_16_keys_only():
-    """LONG_BY_PAGE: 80-key blocks for long batches of head dim 256 with a soft cap at page 16
-    (the global layers wait for P V mid-softmax, the local layers keep the turns), 16-bit
-    caches; short batches, other pages, no cap and FP8 keep the table's row. The global
-    layers read their page-table entries a block ahead (session 14)."""
+    """LONG_BY_PAGE: 80-key blocks for long batches of head dim 256 with a soft cap at page 16,
+    16-bit caches, the global layers and (since session 20) the local layers on one pick: the
+    P V wait mid-softmax with lazy_max, page-table entries read a block ahead (session 14);
+    short batches, other pages, no cap and FP8 keep the table's row."""
     bn80 = KernelConfig.parse("queue+pv_wait_mid+lazy_max+block_n=80+pages_ahead")
     gemma = KernelKey.for_layer("bfloat16", 256, 16, 16, 8, softcap=True)
     picks = serving_configs(gemma)
     assert picks.long == bn80 and picks.short.block_n == 0
     assert picks.geometry(gemma).tile_n == 80  # the plan picks with the long config's tiles
     local = dataclasses.replace(gemma, sliding_window=True)
-    assert serving_configs(local).long == KernelConfig.parse("queue+overlap+block_n=80")
+    assert serving_configs(local).long == bn80
     assert serving_configs(local).short.block_n == 0
     for other in (
         dataclasses.replace(gemma, softcap=False),
@@ -137,16 +137,19 @@ def test_block_n_80_is_the_long_pick_of_gemma_2s_capped_page_16_keys_only():
 
 def test_head_dim_256_global_layers_read_pages_ahead_on_16_bit_caches_only():
     """Session 14: long batches of head dim 256 without a window read a block's page-table
-    entries a block ahead below page 128 (with and without the cap); the local layers, page
-    128, short batches and FP8 caches do not."""
+    entries a block ahead below page 128 (with and without the cap), and since session 20
+    the capped local layers at page 16 too; the uncapped local layers, page 128, short
+    batches and FP8 caches do not."""
     for softcap in (False, True):
         for page in (16, 32, 64):
             key = KernelKey.for_layer("bfloat16", 256, page, 16, 8, softcap=softcap)
             picks = serving_configs(key)
             assert picks.long.page_read is PageRead.BLOCK_AHEAD, key
             assert picks.short.page_read is PageRead.AFTER_ACQUIRE, key
+        local = KernelKey.for_layer("bfloat16", 256, 16, 16, 8, softcap=True, sliding_window=True)
+        assert serving_configs(local).long.page_read is PageRead.BLOCK_AHEAD
         for other in (
-            KernelKey.for_layer("bfloat16", 256, 16, 16, 8, softcap=softcap, sliding_window=True),
+            KernelKey.for_layer("bfloat16", 256, 16, 16, 8, sliding_window=True),
             KernelKey.for_layer("bfloat16", 256, 128, 16, 8, softcap=softcap),
             KernelKey.for_layer(
                 "bfloat16", 256, 16, 16, 8, softcap=softcap, kv_dtype="float8_e4m3fn"
