@@ -140,14 +140,14 @@ def test_head_dim_256_global_layers_read_pages_ahead_on_16_bit_caches_only():
     entries a block ahead below page 128 (with and without the cap), and since session 20
     the capped local layers at page 16 too; the uncapped local layers, page 128, short
     batches and FP8 caches do not."""
+    local = KernelKey.for_layer("bfloat16", 256, 16, 16, 8, softcap=True, sliding_window=True)
+    assert serving_configs(local).long.page_read is PageRead.BLOCK_AHEAD
     for softcap in (False, True):
         for page in (16, 32, 64):
             key = KernelKey.for_layer("bfloat16", 256, page, 16, 8, softcap=softcap)
             picks = serving_configs(key)
             assert picks.long.page_read is PageRead.BLOCK_AHEAD, key
             assert picks.short.page_read is PageRead.AFTER_ACQUIRE, key
-        local = KernelKey.for_layer("bfloat16", 256, 16, 16, 8, softcap=True, sliding_window=True)
-        assert serving_configs(local).long.page_read is PageRead.BLOCK_AHEAD
         for other in (
             KernelKey.for_layer("bfloat16", 256, 16, 16, 8, sliding_window=True),
             KernelKey.for_layer("bfloat16", 256, 128, 16, 8, softcap=softcap),

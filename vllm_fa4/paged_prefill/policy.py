@@ -213,13 +213,14 @@ FP8_BF16_LONG: dict[tuple[int, bool, bool], str] = {
 # (2026-11-27, session 14, H100, two runs, 4k-16k and chunks after 16k and 64k: +4.4 to
 # +8.4 % in 9 of 9); the local layers gained nothing from it alone (-2.1 to +0.4 %) but do
 # with the P V wait (their row below), the FP8 kernel's head dim 256 -0.2 to +3.5 %.
+HD256_CAPPED_PAGE16_LONG = "queue+pv_wait_mid+lazy_max+block_n=80+pages_ahead"
 LONG_BY_PAGE: dict[tuple[int, bool, int, bool], str] = {
-    (256, False, 16, True): "queue+pv_wait_mid+lazy_max+block_n=80+pages_ahead",
+    (256, False, 16, True): HD256_CAPPED_PAGE16_LONG,
     # The local layers since 2026-11-28 (session 20, H100, two runs, 4k-16k and 2k after 64k):
     # the global layers' pick, +2.9 to +7.3 % in 8 of 8 over `queue+overlap+block_n=80` (4kx4
     # 0.99 -> 1.02-1.03x paged FA3), where its P V wait with lazy_max alone made -1.7 to
     # +0.8 % and pages ahead alone -2.1 to +0.4 % (session 14).
-    (256, True, 16, True): "queue+pv_wait_mid+lazy_max+block_n=80+pages_ahead",
+    (256, True, 16, True): HD256_CAPPED_PAGE16_LONG,
 }
 
 
