@@ -138,18 +138,18 @@ def test_block_n_80_is_the_long_pick_of_gemma_2s_capped_page_16_keys_only():
 def test_head_dim_256_global_layers_read_pages_ahead_on_16_bit_caches_only():
     """Session 14: long batches of head dim 256 without a window read a block's page-table
     entries a block ahead below page 128 (with and without the cap), and since session 20
-    the capped local layers at page 16 too; the uncapped local layers, page 128, short
-    batches and FP8 caches do not."""
-    local = KernelKey.for_layer("bfloat16", 256, 16, 16, 8, softcap=True, sliding_window=True)
-    assert serving_configs(local).long.page_read is PageRead.BLOCK_AHEAD
+    the local layers too; page 128, short batches and FP8 caches do not."""
     for softcap in (False, True):
+        local = KernelKey.for_layer(
+            "bfloat16", 256, 16, 16, 8, softcap=softcap, sliding_window=True
+        )
+        assert serving_configs(local).long.page_read is PageRead.BLOCK_AHEAD, local
         for page in (16, 32, 64):
             key = KernelKey.for_layer("bfloat16", 256, page, 16, 8, softcap=softcap)
             picks = serving_configs(key)
             assert picks.long.page_read is PageRead.BLOCK_AHEAD, key
             assert picks.short.page_read is PageRead.AFTER_ACQUIRE, key
         for other in (
-            KernelKey.for_layer("bfloat16", 256, 16, 16, 8, sliding_window=True),
             KernelKey.for_layer("bfloat16", 256, 128, 16, 8, softcap=softcap),
             KernelKey.for_layer(
                 "bfloat16", 256, 16, 16, 8, softcap=softcap, kv_dtype="float8_e4m3fn"

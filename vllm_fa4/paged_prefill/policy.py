@@ -121,11 +121,11 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # windows keep the turns). Long batches read a block's page-table entries a block ahead
     # (`pages_ahead`; 2026-11-27, session 14, H100, page 16, two runs: +2.9 to +8.1 % in 8 of
     # 8, V had arrived late behind the page-table load; pages 32 and 64 take it unmeasured).
-    # With a window and no cap, `queue+pv_wait_mid+lazy_max+pages_ahead` gained +3.6 to +7.6 %
-    # over `queue+overlap` at page 16 in two runs (session 20, H100); not taken until the
-    # sanitizers have run on it (docs/perf-notes.md, session 20, item 6).
+    # With a window (no cap below page 128; the capped page-16 key takes LONG_BY_PAGE's row):
+    # the P V wait with lazy_max and pages ahead, +3.6 to +7.6 % over `queue+overlap` at page
+    # 16 in two runs (session 20, H100, 4k window); pages 32 and 64 take it unmeasured.
     (256, False, False): ("queue+overlap_free+lazy_max+pages_ahead", "queue+overlap"),
-    (256, True, False): ("queue+overlap", "queue+overlap"),
+    (256, True, False): ("queue+pv_wait_mid+lazy_max+pages_ahead", "queue+overlap"),
     # Head dim 256 at page 128 (session 3): long batches one tile per CTA (0-3 % ahead on 16k
     # and chunks after 64k), short ones the persistent grid (the CTA start-up paid once per
     # SM lifts 512x32 from 0.85 to 0.99). Without turns (`one_per_cta+overlap_free`, H200, cap
