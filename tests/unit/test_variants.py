@@ -154,6 +154,7 @@ def test_head_dim_256_global_layers_read_pages_ahead_on_16_bit_caches_only():
             KernelKey.for_layer(
                 "bfloat16", 256, 16, 16, 8, softcap=softcap, kv_dtype="float8_e4m3fn"
             ),
+            dataclasses.replace(local, kv_dtype="float8_e4m3fn"),
         ):
             assert all(c.page_read is PageRead.AFTER_ACQUIRE for c in serving_configs(other).all), (
                 other
