@@ -123,7 +123,9 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # 8, V had arrived late behind the page-table load; pages 32 and 64 take it unmeasured).
     # With a window (no cap below page 128; the capped page-16 key takes LONG_BY_PAGE's row):
     # the P V wait with lazy_max and pages ahead, +3.6 to +7.6 % over `queue+overlap` at page
-    # 16 in two runs (session 20, H100, 4k window); pages 32 and 64 take it unmeasured.
+    # 16 in two runs (session 20, H100, 4k window; sanitized in session 21); pages 32 and 64
+    # take it unmeasured. Without the window the same step made +0.6 to +3.1 % over the row's
+    # `overlap_free` pick in two runs (sessions 20-21): short of the +2 % rule, not taken.
     (256, False, False): ("queue+overlap_free+lazy_max+pages_ahead", "queue+overlap"),
     (256, True, False): ("queue+pv_wait_mid+lazy_max+pages_ahead", "queue+overlap"),
     # Head dim 256 at page 128 (session 3): long batches one tile per CTA (0-3 % ahead on 16k
@@ -178,13 +180,16 @@ FP8_TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     (128, True, False): ("queue+overlap", "queue+overlap"),
     (128, True, True): ("queue+overlap", "queue+overlap"),
     # overlap_free (the 16-bit pick above) on an FP8 cache: -4.5 to +0.4 % (H200), the turns stay.
+    # Pages ahead at page 16: -0.5 to +2.2 %, the P V wait with them -4.2 to +0.4 % (session 21,
+    # H100, with and without cap 50): the converters bind, neither taken.
     (256, False, False): ("queue+overlap+lazy_max", "queue+overlap"),
     # Page 128: session 3's pick; the 16-bit row's P V wait on FP8: -3.2 to +3.3 % in three
     # runs (session 19, H100), not taken; with a window unmeasured on FP8, so session 3's too.
     (256, False, True): ("one_per_cta+overlap", "queue+overlap"),
     (256, True, True): ("one_per_cta+overlap", "queue+overlap"),
-    # With a window below page 128: the 16-bit row's pick before session 20 (its P V wait
-    # with pages ahead is unmeasured on FP8).
+    # With a window below page 128: the 16-bit row's pick before session 20. Its new one (the
+    # P V wait with lazy_max and pages ahead) on FP8: -2.6 to +5.2 % in two runs without a
+    # cap, -0.4 to +1.5 % with cap 50 (session 21, H100), not taken.
     (256, True, False): ("queue+overlap", "queue+overlap"),
 }
 
@@ -192,7 +197,8 @@ FP8_TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
 # wgmma straight from the staged e4m3 K with Q split into two e4m3 halves (`fp8_qk`). K's
 # 16-bit stages go, so Q by TMA fits beside two staging slots (2026-11-27, session 11, H100,
 # Llama-3.1-8B shape, pages 16 and 128, 4k-16k and 2k after 64k: +1.4 to +3.6 % in 6 of 6
-# over the converted pick; the split alone, Q by cp.async, -0.5 to -1 %). fp16 models keep
+# over the converted pick; the split alone, Q by cp.async, -0.5 to -1 %; with pages ahead at
+# page 16 -1.6 to -0.1 %, with the V warp -4.7 to +2.4 %, session 21). fp16 models keep
 # the converted pick: two e4m3 parts hold a bf16 value's 8 significant bits, not fp16's 11.
 FP8_BF16_LONG: dict[tuple[int, bool, bool], str] = {
     (128, False, False): "queue_with_work+pv_wait_mid+q_tma+lazy_max+fp8_qk",
