@@ -138,12 +138,16 @@ def test_block_n_80_is_the_long_pick_of_gemma_2s_capped_page_16_keys_only():
 def test_head_dim_256_global_layers_read_pages_ahead_on_16_bit_caches_only():
     """Session 14: long batches of head dim 256 without a window read a block's page-table
     entries a block ahead below page 128 (with and without the cap), and since session 20
-    the local layers too; page 128, short batches and FP8 caches do not."""
+    the local layers too (on FP8 caches since session 21); page 128, short batches and the
+    FP8 global layers do not."""
     for softcap in (False, True):
         local = KernelKey.for_layer(
             "bfloat16", 256, 16, 16, 8, softcap=softcap, sliding_window=True
         )
         assert serving_configs(local).long.page_read is PageRead.BLOCK_AHEAD, local
+        # FP8 local layers too since session 21 (the 16-bit uncapped row's pick, no 80 keys)
+        fp8_local = serving_configs(dataclasses.replace(local, kv_dtype="float8_e4m3fn"))
+        assert fp8_local.long.spec == "queue+pv_wait_mid+pages_ahead+lazy_max", fp8_local
         for page in (16, 32, 64):
             key = KernelKey.for_layer("bfloat16", 256, page, 16, 8, softcap=softcap)
             picks = serving_configs(key)
@@ -154,7 +158,6 @@ def test_head_dim_256_global_layers_read_pages_ahead_on_16_bit_caches_only():
             KernelKey.for_layer(
                 "bfloat16", 256, 16, 16, 8, softcap=softcap, kv_dtype="float8_e4m3fn"
             ),
-            dataclasses.replace(local, kv_dtype="float8_e4m3fn"),
         ):
             assert all(c.page_read is PageRead.AFTER_ACQUIRE for c in serving_configs(other).all), (
                 other

@@ -187,10 +187,10 @@ FP8_TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # runs (session 19, H100), not taken; with a window unmeasured on FP8, so session 3's too.
     (256, False, True): ("one_per_cta+overlap", "queue+overlap"),
     (256, True, True): ("one_per_cta+overlap", "queue+overlap"),
-    # With a window below page 128: the 16-bit row's pick before session 20. Its new one (the
-    # P V wait with lazy_max and pages ahead) on FP8: -2.6 to +5.2 % in two runs without a
-    # cap, -0.4 to +1.5 % with cap 50 (session 21, H100), not taken.
-    (256, True, False): ("queue+overlap", "queue+overlap"),
+    # With a window below page 128: the 16-bit row's pick, the P V wait with lazy_max and
+    # pages ahead (session 21, H100, Gemma-2-9B heads, 4k window, page 16, over `queue+overlap`:
+    # no cap +1.3 to +5.2 % in two runs, 8 of 8; cap 50 see docs/perf-notes.md, session 21).
+    (256, True, False): ("queue+pv_wait_mid+lazy_max+pages_ahead", "queue+overlap"),
 }
 
 # FP8 head dim 128, long batches of a bfloat16 model, over FP8_TABLE's row: S = Q K^T on FP8
