@@ -188,8 +188,9 @@ FP8_TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     (256, False, True): ("one_per_cta+overlap", "queue+overlap"),
     (256, True, True): ("one_per_cta+overlap", "queue+overlap"),
     # With a window below page 128: the 16-bit row's pick, the P V wait with lazy_max and
-    # pages ahead (session 21, H100, Gemma-2-9B heads, 4k window, page 16, over `queue+overlap`:
-    # no cap +1.3 to +5.2 % in two runs, 8 of 8; cap 50 see docs/perf-notes.md, session 21).
+    # pages ahead (session 21, H100, Gemma-2-9B heads, 4k window, page 16, over `queue+overlap`,
+    # two runs each: no cap +1.3 to +5.2 %, cap 50 +1.4 to +4.4 %, 16 of 16 positive; the
+    # global layers' FP8 row gained nothing from it, above).
     (256, True, False): ("queue+pv_wait_mid+lazy_max+pages_ahead", "queue+overlap"),
 }
 
