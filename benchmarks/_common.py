@@ -10,7 +10,7 @@ import importlib.metadata
 import json
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -198,6 +198,25 @@ def attention_flops(
     """4 FLOPs per visible pair, per query head, per head-dim element (QK^T and PV matmuls);
     with ``window_left`` only the pairs inside the sliding window count."""
     return 4 * case_pairs(specs, window_left) * num_q_heads * head_dim
+
+
+def one_config_groups(launches: dict[str, Hashable]) -> list[list[str]]:
+    """Contenders (name -> what its plan launches: config and planner options) that launch
+    the same thing, as groups of two or more names in order: an A/B row pair that times
+    one kernel twice measures noise, not a change. It happens when a candidate is already
+    the serving pick and is named beside ``default`` (session 21, docs/perf-notes.md)."""
+    groups: dict[Hashable, list[str]] = {}
+    for name, launch in launches.items():
+        groups.setdefault(launch, []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
+def one_config_note(label: str, groups: list[list[str]]) -> str | None:
+    """The line an A/B prints before a case's rows when ``one_config_groups`` found some."""
+    if not groups:
+        return None
+    pairs = "; ".join(" = ".join(names) for names in groups)
+    return f"# note {label}: these rows launch one config, their ratio is noise: {pairs}"
 
 
 # --------------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ import torch
 from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import MODELS, attention_flops  # noqa: E402
+from _common import MODELS, attention_flops, one_config_groups, one_config_note  # noqa: E402
 from variants_ab import CASES, _softcap, _window_left, mask_header, mask_tag  # noqa: E402
 
 from vllm_fa4.kernels.config import FP8_E4M3, KernelConfig, KernelKey  # noqa: E402
@@ -169,15 +169,19 @@ def bf16_twin(case):
     return twin
 
 
-def contenders(case, fp8_variants):
-    """name -> timed callable, in print order."""
+def contenders(case, fp8_variants, case_label: str):
+    """name -> timed callable, in print order (ours' rows that launch one config noted)."""
     twin = bf16_twin(case)
     out = case.new_out()
-    fns = {}
+    fns, launches = {}, {}
     for config in fp8_variants:
         name = "ours-fp8" if config is None else f"ours-fp8 {config.spec}"
         plan = case.plan(config)
         fns[name] = lambda plan=plan: case.ours(plan, out)
+        launches[name] = plan.config
+    note = one_config_note(case_label, one_config_groups(launches))
+    if note:
+        print(note, flush=True)
     fns[BASELINE] = fa3_fp8_call(case, case.new_out().to(torch.bfloat16))  # FA3-FP8 writes bf16
     plan16 = twin.plan()
     tag = "bf16" if DT is torch.bfloat16 else "fp16"  # the 16-bit twin's rows
@@ -195,7 +199,7 @@ def make_case(model, specs, page):
 
 def profile(model, name, specs, page, fp8_variants):
     """Each contender once between profiler start and stop, in print order."""
-    fns = contenders(make_case(model, specs, page), fp8_variants)
+    fns = contenders(make_case(model, specs, page), fp8_variants, _label(model, name, page))
     for fn in fns.values():  # compile and warm up outside the window
         fn()
     torch.cuda.synchronize()
@@ -232,7 +236,7 @@ def accuracy(model, name, specs, page, fp8_variants) -> dict[str, float]:
     ref_fp8, _ = case.reference(compute_dtype=torch.float64)
     ref_16, _ = sixteen_bit_source(case).reference(compute_dtype=torch.float64)
     found = {}
-    for n, fn in contenders(case, fp8_variants).items():
+    for n, fn in contenders(case, fp8_variants, _label(model, name, page)).items():
         out = fn()
         torch.cuda.synchronize()
         found[n] = (errors(out, ref_fp8), errors(out, ref_16))
@@ -249,7 +253,7 @@ def accuracy(model, name, specs, page, fp8_variants) -> dict[str, float]:
 
 
 def run(model, name, specs, page, fp8_variants, rounds):
-    fns = contenders(make_case(model, specs, page), fp8_variants)
+    fns = contenders(make_case(model, specs, page), fp8_variants, _label(model, name, page))
     names = list(fns)
     times = {n: [] for n in names}
     for r in range(rounds):  # rotated order: drift hits every contender alike

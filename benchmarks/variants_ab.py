@@ -37,7 +37,7 @@ from vllm_fa4.testing.cases import make_paged_case
 from vllm_fa4.testing.variants import config_id, parse_configs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import MODELS, attention_flops  # noqa: E402
+from _common import MODELS, attention_flops, one_config_groups, one_config_note  # noqa: E402
 
 DT = torch.bfloat16
 FA3_CONTIGUOUS = "FA3c"  # FA3 on the same K/V laid out contiguously (no block table)
@@ -184,10 +184,15 @@ def run(
         sinks=sinks,
     )
     out = case.new_out()
-    plans = {}
+    plans, launches = {}, {}
     for text in contenders:
         config, options = parse_contender(text)
         plans[text] = case.plan(config, **options)
+        planner = tuple(sorted((k, v) for k, v in options.items() if k != "overlay"))
+        launches[text] = (plans[text].config, planner)  # the overlay is in the plan's config
+    note = one_config_note(f"{name} p{page}", one_config_groups(launches))
+    if note:
+        print(note, flush=True)
     flops = attention_flops(specs, hq, hd, window_left=window_left)
 
     fns = {"FA3": fa3_call(case), FA3_CONTIGUOUS: fa3_contiguous_call(case)}

@@ -996,3 +996,30 @@ def test_failed_run_names_its_error_not_the_shutdown(tmp_path):
     log_path.write_text("INFO a\nINFO b\nINFO c\nINFO d\n")
     assert serving.failure_reason(log_path) == "INFO b INFO c INFO d"
     assert serving.failure_reason(tmp_path / "missing.log") == ""
+
+
+def test_ab_rows_that_launch_one_config_are_noted():
+    """Session 21's mistake: a candidate already served, named beside `default`, timed one
+    kernel twice. The A/Bs now print a note before such a case's rows."""
+    from vllm_fa4.kernels.config import FP8_E4M3, KernelConfig, KernelKey
+    from vllm_fa4.paged_prefill.policy import serving_configs
+
+    key = KernelKey.for_layer(
+        "bfloat16", 256, 16, 16, 8, softcap=True, sliding_window=True, kv_dtype=FP8_E4M3
+    )
+    served = serving_configs(key).long
+    launches = {
+        "ours-fp8": served,  # `default`: the plan's pick
+        f"ours-fp8 {served.spec}": KernelConfig.parse(served.spec),  # the same, by name
+        "ours-fp8 queue+overlap": KernelConfig.parse("queue+overlap"),
+    }
+    groups = common.one_config_groups(launches)
+    assert groups == [["ours-fp8", f"ours-fp8 {served.spec}"]]
+    note = common.one_config_note("gemma-2-9b 4kx4 p16", groups)
+    assert note.startswith("# note gemma-2-9b 4kx4 p16:") and "ours-fp8 = ours-fp8 " in note
+    distinct = {n: c for n, c in launches.items() if n != "ours-fp8"}
+    assert common.one_config_groups(distinct) == []
+    assert common.one_config_note("x", []) is None
+    # planner options make a different launch of the same config (variants_ab's identity)
+    same_config = {"a": (served, ()), "b": (served, (("l2_section_bytes", 1 << 20),))}
+    assert common.one_config_groups(same_config) == []
