@@ -6,7 +6,8 @@ once, so a timed GPU session does not spend its minutes compiling one kernel aft
         --configs "default queue+overlap+mma_wgs=3" [--window-left 127] [--sinks] \\
         [--lse no|yes|both] [-j 8]
 
-``default`` stands for the key's serving configs (every config the plan can pick). Each
+``default`` stands for the key's serving configs (every config the plan can pick),
+``default+values`` for them with ``values`` added (variants_ab.py's overlay). Each
 (key, config, lse) is compiled in its own worker process and written to the disk cache, where
 variants_ab.py, the tests and vLLM find it. Prints one line per kernel as it finishes.
 
@@ -59,7 +60,14 @@ def jobs(args) -> list:
             kv_dtype=args.kv_dtype,
         )
         for spec in args.configs.split():
-            configs = serving_configs(key).all if spec == "default" else (KernelConfig.parse(spec),)
+            if spec == "default" or spec.startswith("default+"):
+                # `default+values`: the served configs with values added (variants_ab.py's
+                # overlay contender)
+                overlay = spec.removeprefix("default").removeprefix("+")
+                served = serving_configs(key).all
+                configs = [KernelConfig.parse(f"{c.spec}+{overlay}") for c in served]
+            else:
+                configs = (KernelConfig.parse(spec),)
             for config in configs:
                 if config.unsupported_reason(key) is None:
                     out += [(key, config, has_lse) for has_lse in lse]
