@@ -879,9 +879,34 @@ def test_schedule_sim_orders_the_assignments():
     r = sim.balance(tiles[:, 3].astype(float) + 0.5, 132)
     assert r["greedy"] < r["stride"]
     assert 1.0 <= r["greedy"] < 1.01 and r["stride"] > 1.02
-    # every tile on its own SM: both are the single costliest tile over the mean
+    # every tile on its own SM: all are the single costliest tile over the mean
     few = sim.balance(np.array([5.0, 3.0, 1.0]), 132)
-    assert few["stride"] == few["greedy"] == 5.0 / 3.0
+    assert few["stride"] == few["greedy"] == few["ahead"] == 5.0 / 3.0
+
+
+def test_schedule_sim_claim_ahead_leaves_a_tail_on_the_served_order():
+    """Session 22's finding (ncu agreed at 16kx1): Gemma-2-9B heads in 16 MiB L2 sections,
+    a claim a tile ahead ends 3-5 % past the mean, a claim when free within 0.5 %; plain LPT
+    keeps both close."""
+    import numpy as np
+
+    sim = _load("schedule_sim")
+    kv_heads, tokens, tile_n, kv_bytes = sim.HEADS["gemma-2-9b"]
+
+    def costs(l2):
+        one = np.array([16384])
+        tiles = sim.build_work_tiles(
+            one, one, kv_heads, tokens, tile_n, kv_bytes_per_token=kv_bytes, l2_section_bytes=l2
+        )
+        return tiles.reshape(-1, 4)[:, 3].astype(float) + 1.0
+
+    served = sim.balance(costs(16 << 20), 132)
+    assert served["greedy"] < 1.005 and 1.03 < served["ahead"] < 1.05
+    plain = sim.balance(costs(None), 132)
+    assert plain["ahead"] < 1.01
+    # the claim model on a toy list: CTA 0 holds tile 2 (cost 4) while CTA 1 is free first
+    assert sim.claim_ahead_makespan(np.array([3.0, 1.0, 4.0, 1.0]), 2) == 7.0
+    assert sim.balance(np.array([3.0, 1.0, 4.0, 1.0]), 2)["greedy"] == 5.0 / 4.5
 
 
 # --------------------------------------------------------------------------------------------
@@ -921,6 +946,14 @@ def test_precompile_lists_the_serving_configs_and_drops_unsupported():
     assert {job[1] for job in precompile.jobs(args)} == {KernelConfig()}
     args.kv_dtype = "float8_e4m3fn"  # --kv-dtype: the FP8 cache's keys (issue 30)
     assert all(job[0].fp8_kv for job in precompile.jobs(args))
+    # `default+values`: the picks with values added, as variants_ab.py's overlay contender;
+    # a pick the values cannot build on is dropped like any unsupported config
+    args.kv_dtype, args.pages, args.lse, args.configs = None, "16", "no", "default+block_n=32"
+    (key,) = {job[0] for job in precompile.jobs(args)}
+    overlaid = {KernelConfig.parse(f"{c.spec}+block_n=32") for c in serving_configs(key).all}
+    assert {job[1] for job in precompile.jobs(args)} == overlaid
+    args.configs = "default+mma_wgs=3"  # head dim 128: three warpgroups do not build
+    assert precompile.jobs(args) == []
 
 
 def test_variants_ab_pages_run_every_case_at_each(variants_ab):

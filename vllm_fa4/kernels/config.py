@@ -5,9 +5,8 @@ which tile a key uses without paying for the DSL import.
 
     KernelKey      what the model fixes (dtype, head dim, page size, GQA group, features,
                    KV cache dtype)
-    KernelConfig   how the kernel is built: one typed field per axis (Tiles, TileClaim,
-                   BlockStep, QLoad, KvBox, PageRead, Epilogue, lazy_max, mma_wgs), spelled
-                   for the environment
+    KernelConfig   how the kernel is built: one typed field per axis (Tiles, BlockStep, QLoad,
+                   KvBox, PageRead, Epilogue, lazy_max, mma_wgs), spelled for the environment
     TileGeometry   tile sizes derived from a key, in one place (tile_geometry)
 
 What the kernel *can* be; which configs serving runs is paged_prefill/policy.py.
@@ -192,20 +191,6 @@ class Tiles(Enum):
     QUEUE_WITH_WORK = "queue_with_work"
 
 
-class TileClaim(Enum):
-    """When a persistent CTA's producer warp claims its next tile from the queue's counter."""
-
-    # As it starts the current tile's loads: the atomic's round trip hides under them, but the
-    # next tile is bound to this CTA a whole tile before it can start, so a CTA that drew a
-    # long tile still takes the next one in list order. With the L2-sectioned order, whose
-    # last section begins with long tiles, that leaves 3-4 % of the SMs' cycles idle at the
-    # end of head dim 256's long batches (ncu, session 22; benchmarks/schedule_sim.py).
-    AHEAD = "claim_ahead"
-    # Once the current tile's loads are issued (a block or two before the consumers finish
-    # it): the queue hands tiles out as CTAs become free, as greedy list scheduling does.
-    LATE = "claim_late"
-
-
 class QLoad(Enum):
     """How a tile's Q reaches shared memory."""
 
@@ -279,7 +264,7 @@ class Fp8Qk(Enum):
     SPLIT_Q = "fp8_qk"
 
 
-AXES = (Tiles, TileClaim, BlockStep, QLoad, KvBox, PageRead, Epilogue, Fp8Qk)
+AXES = (Tiles, BlockStep, QLoad, KvBox, PageRead, Epilogue, Fp8Qk)
 _BY_SPELLING = {member.value: member for axis in AXES for member in axis}
 
 
@@ -294,7 +279,6 @@ class KernelConfig:
     """
 
     tiles: Tiles = Tiles.QUEUE
-    claim: TileClaim = TileClaim.AHEAD
     block_step: BlockStep = BlockStep.OVERLAP
     q_load: QLoad = QLoad.CP_ASYNC
     # With QUEUE_WITH_WORK: the producer warpgroup's second warp issues the V loads (it takes
@@ -363,7 +347,6 @@ class KernelConfig:
         default = KernelConfig()
         parts = [self.tiles.value, self.block_step.value]
         for name in (
-            "claim",
             "q_load",
             "v_warp",
             "kv_box",
@@ -390,8 +373,6 @@ class KernelConfig:
         if self.tiles is Tiles.QUEUE_WITH_WORK and self.q_load is not QLoad.TMA:
             # its consumers take Q's stage from the tile's place in the queue (walk_queue_work)
             return "'queue_with_work' needs 'q_tma'"
-        if self.claim is TileClaim.LATE and self.tiles is Tiles.ONE_PER_CTA:
-            return "'claim_late' needs a queue (one tile per CTA claims none)"
         if self.v_warp and self.tiles is not Tiles.QUEUE_WITH_WORK:
             return "'v_warp' needs 'queue_with_work' (the V warp takes tiles from the queue)"
         if self.q_load is QLoad.PREFETCH:
@@ -547,7 +528,6 @@ class KernelConfig:
 
 _FIELD_OF = {
     Tiles: "tiles",
-    TileClaim: "claim",
     BlockStep: "block_step",
     QLoad: "q_load",
     KvBox: "kv_box",

@@ -48,7 +48,6 @@ from vllm_fa4.kernels.config import (
     KvBox,
     PageRead,
     QLoad,
-    TileClaim,
     Tiles,
     grid_shift_keys,
 )
@@ -282,7 +281,6 @@ class Sm90PagedPrefill:
         self.q_tma = cfg.q_load is QLoad.TMA
         self.q_prefetch = cfg.q_load is QLoad.PREFETCH
         self.queue_work = cfg.tiles is Tiles.QUEUE_WITH_WORK
-        self.claim_late = cfg.claim is TileClaim.LATE
         self.overlap = cfg.block_step is not BlockStep.SERIAL
         self.pv_wait_mid = cfg.block_step is BlockStep.OVERLAP_PV_WAIT_MID
         self.wide_box = cfg.kv_box is KvBox.WIDE
@@ -845,15 +843,12 @@ class Sm90PagedPrefill:
                 self.issue_q(tile_work(*tile_args, tile), mQ, sQ, tidx, wg)
         while tile < num_tiles:
             if cutlass.const_expr(is_producer):
-                if cutlass.const_expr(not self.claim_late):
-                    claimed = claim()  # in flight while this tile's loads issue
+                claimed = claim()  # in flight while this tile's loads issue
                 if cutlass.const_expr(self.q_tma):
                     work = self.tile_work_q_tma(tile_args, tile)
                     state, q_state = role(work, role_args, state, q_state=q_state)
                 else:
                     state = role(tile_work(*tile_args, tile), role_args, state)
-                if cutlass.const_expr(self.claim_late):
-                    claimed = claim()  # the consumers still have the last blocks to run
                 tile, queue_state = publish(claimed, queue_state)
             elif cutlass.const_expr(self.q_prefetch):
                 done = tile
@@ -916,12 +911,9 @@ class Sm90PagedPrefill:
             work = self.tile_work_q_tma(tile_args, cutlass.min(tile, last))
             queue_state = publish_work(tile, work, queue_state)
             while tile < num_tiles:
-                if cutlass.const_expr(not self.claim_late):
-                    claimed = claim()  # in flight while this tile's loads issue
+                claimed = claim()  # in flight while this tile's loads issue
                 # `work` is the tile's, as published (carried from the previous publish).
                 state, q_state = role(work, role_args, state, q_state=q_state)
-                if cutlass.const_expr(self.claim_late):
-                    claimed = claim()  # the consumers still have the last blocks to run
                 tile = next_tile(claimed)
                 work = self.tile_work_q_tma(tile_args, cutlass.min(tile, last))
                 queue_state = publish_work(tile, work, queue_state)

@@ -152,11 +152,10 @@ class TileQueue:
     ``num_ctas + atomicAdd(counters[0], 1)`` until the index runs past the list, so CTAs take
     tiles in list (LPT) order as they become free, whatever the tiles they drew before cost.
 
-    Only the producer warp claims: when it starts a tile (`claim_ahead`), so the round trip to
-    L2 hides under that tile's K/V loads, or once the tile's loads are issued (`claim_late`,
-    config.TileClaim says why), and hands the claimed index to the consumer warpgroups
-    through a ``TILE_QUEUE_STAGES``-deep shared-memory ring (an mbarrier pipeline: 32
-    producer lanes arrive on "full", 256 consumer threads on "empty").
+    Only the producer warp claims. It issues the atomic when it starts a tile, so the round
+    trip to L2 hides under that tile's K/V loads, and hands the claimed index to the consumer
+    warpgroups through a ``TILE_QUEUE_STAGES``-deep shared-memory ring (an mbarrier pipeline:
+    32 producer lanes arrive on "full", 256 consumer threads on "empty").
 
     The counter resets itself: every CTA's producer adds 1 to ``counters[1]`` after its last
     claim (acq_rel), and the CTA that brings it to ``num_ctas`` zeroes both words, so the
