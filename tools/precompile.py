@@ -61,11 +61,8 @@ def jobs(args) -> list:
         )
         for spec in args.configs.split():
             if spec == "default" or spec.startswith("default+"):
-                # `default+values`: the served configs with values added (variants_ab.py's
-                # overlay contender)
-                overlay = spec.removeprefix("default").removeprefix("+")
-                served = serving_configs(key).all
-                configs = [KernelConfig.parse(f"{c.spec}+{overlay}") for c in served]
+                overlay = spec.removeprefix("default")  # "" or "+values" (variants_ab.py's)
+                configs = [KernelConfig.parse(c.spec + overlay) for c in serving_configs(key).all]
             else:
                 configs = (KernelConfig.parse(spec),)
             for config in configs:
