@@ -94,12 +94,19 @@ def main() -> int:
         default=L2_SECTION_BYTES >> 20,
         help="L2 section of the tile order, MiB (the planner's default; 0: plain LPT)",
     )
+    ap.add_argument(
+        "--tail-sections",
+        type=int,
+        default=1,
+        help="the last N L2 sections as one LPT stretch (the planner's tail_sections)",
+    )
     args = ap.parse_args()
     kv_heads, tokens, tile_n, kv_bytes = HEADS[args.model]
     section = args.l2_mib << 20 or None
     print(
         f"makespan / mean CTA load, {args.model} heads, {args.sms} SMs, L2 sections "
-        f"{args.l2_mib or 'none'} MiB, +{args.overhead} block per tile"
+        f"{args.l2_mib or 'none'} MiB (the last {args.tail_sections} as one), "
+        f"+{args.overhead} block per tile"
     )
     print(f"{'case':<18} {'tiles':>6} {'stride':>8} {'greedy':>8} {'ahead':>8}")
     for name, (q, k) in CASES.items():
@@ -111,6 +118,7 @@ def main() -> int:
             tile_n,
             kv_bytes_per_token=kv_bytes,
             l2_section_bytes=section,
+            tail_sections=args.tail_sections,
         ).reshape(-1, 4)
         r = balance(tiles[:, 3].astype(float) + args.overhead, args.sms)
         print(f"{name:<18} {len(tiles):>6} {r['stride']:8.3f} {r['greedy']:8.3f} {r['ahead']:8.3f}")

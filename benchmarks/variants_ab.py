@@ -8,7 +8,8 @@ Run: python benchmarks/variants_ab.py [--variants "one_per_cta+serial queue+over
                                       [--softcap 30] [--sinks]
 Default variants: $VLLM_FA4_TEST_VARIANTS, else the process config (VLLM_FA4_VARIANT).
 A contender is a config spec, optionally with a planner option: ``@l2=N`` orders the work list
-in L2 sections of N MiB of K/V (``@l2=0`` plain LPT; default: the planner's default).
+in L2 sections of N MiB of K/V (``@l2=0`` plain LPT; default: the planner's default);
+``@tail=N`` runs the last N sections as one LPT stretch; options join with commas.
 Inputs are vLLM-shaped (testing.cases: permuted pages, NaN in unused slots, q a strided view);
 each config runs the planner's own work list.
 Contenders besides ours: FA3 (vLLM's paged call, the same cache and block table) and FA3c
@@ -71,7 +72,7 @@ CASES.update(
 
 
 def parse_contender(text: str) -> tuple[KernelConfig | None, dict]:
-    """``"spec[@l2=MiB]"`` -> (config, ``PagedCase.plan`` options); spec ``default``: None,
+    """``"spec[@l2=MiB][,tail=N]"`` -> (config, ``PagedCase.plan`` options); spec ``default``: None,
     the key's served configs; ``default+values``: the served configs with ``values`` added
     (an ``overlay``, e.g. one axis against the served pick)."""
     spec, _, option = text.partition("@")
@@ -80,11 +81,16 @@ def parse_contender(text: str) -> tuple[KernelConfig | None, dict]:
         options["overlay"] = spec.removeprefix("default+")
         KernelConfig.parse(options["overlay"])  # a misspelling fails before any GPU work
         spec = "default"
-    if option:
-        name, _, value = option.partition("=")
-        if name != "l2":
-            raise ValueError(f"unknown planner option {option!r} in {text!r} (known: l2=MiB)")
-        options["l2_section_bytes"] = int(value) << 20 if int(value) else None
+    for item in filter(None, option.split(",")):
+        name, _, value = item.partition("=")
+        if name == "l2":
+            options["l2_section_bytes"] = int(value) << 20 if int(value) else None
+        elif name == "tail":
+            options["tail_sections"] = int(value)
+        else:
+            raise ValueError(
+                f"unknown planner option {item!r} in {text!r} (known: l2=MiB, tail=sections)"
+            )
     return (None if spec == "default" else KernelConfig.parse(spec)), options
 
 

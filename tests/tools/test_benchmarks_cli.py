@@ -361,6 +361,20 @@ def test_variants_ab_window_options(variants_ab):
             variants_ab.parse_args(bad)
 
 
+def test_variants_ab_contender_planner_options(variants_ab):
+    parse = variants_ab.parse_contender
+    assert parse("default") == (None, {})
+    assert parse("default@l2=0") == (None, {"l2_section_bytes": None})
+    assert parse("default@l2=32,tail=2") == (
+        None,
+        {"l2_section_bytes": 32 << 20, "tail_sections": 2},
+    )
+    config, options = parse("default+lazy_max@tail=3")
+    assert config is None and options == {"overlay": "lazy_max", "tail_sections": 3}
+    with pytest.raises(ValueError, match="unknown planner option"):
+        parse("default@tails=2")
+
+
 def test_variants_ab_served_chunk_cases(variants_ab):
     """The served-chunk cases (one 16k chunk after a prefix) run on request only: the default
     stays the README's kernel cases."""
@@ -904,6 +918,24 @@ def test_schedule_sim_claim_ahead_leaves_a_tail_on_the_served_order():
     assert served["greedy"] < 1.005 and 1.03 < served["ahead"] < 1.05
     plain = sim.balance(costs(None), 132)
     assert plain["ahead"] < 1.01
+    # the last two sections as one stretch (the planner's tail_sections=2): the tail shrinks
+    one = np.array([16384])
+    tail2 = (
+        sim.build_work_tiles(
+            one,
+            one,
+            kv_heads,
+            tokens,
+            tile_n,
+            kv_bytes_per_token=kv_bytes,
+            l2_section_bytes=16 << 20,
+            tail_sections=2,
+        )
+        .reshape(-1, 4)[:, 3]
+        .astype(float)
+        + 1.0
+    )
+    assert sim.balance(tail2, 132)["ahead"] < served["ahead"] - 0.01
     # the claim model on a toy list: CTA 0 holds tile 2 (cost 4) while CTA 1 is free first
     assert sim.claim_ahead_makespan(np.array([3.0, 1.0, 4.0, 1.0]), 2) == 7.0
     assert sim.balance(np.array([3.0, 1.0, 4.0, 1.0]), 2)["greedy"] == 5.0 / 4.5

@@ -299,6 +299,25 @@ def test_l2_sections_keep_fewer_pairs_in_flight():
     assert len(set(_pairs(lpt[:132]))) == 8 and len(set(_pairs(l2[:132]))) <= 3
 
 
+def test_tail_sections_merge_the_last_sections_into_one_lpt_stretch():
+    """``tail_sections=N``: the same tiles; every section before the last N keeps its place,
+    and the last N run as one stretch, longest tile first."""
+    import numpy as np
+
+    from vllm_fa4.paged_prefill.plan import build_work_tiles
+
+    args = ([16384], [16384], 8, 64, 64, 1024, 16 << 20)  # Gemma-2-9B heads: 8 sections
+    one = build_work_tiles(*args)
+    two = build_work_tiles(*args, tail_sections=2)
+    assert sorted(map(tuple, one.tolist())) == sorted(map(tuple, two.tolist()))
+    tail = 2 * len(one) // 8  # one KV head a section, the same tile count each
+    assert (one[:-tail] == two[:-tail]).all()
+    assert (np.diff(two[-tail:, 3]) <= 0).all() and not (np.diff(one[-tail:, 3]) <= 0).all()
+    assert len(set(_pairs(two[-tail:]))) == 2
+    # more tail sections than sections: plain LPT over everything
+    assert (np.diff(build_work_tiles(*args, tail_sections=99)[:, 3]) <= 0).all()
+
+
 def test_plan_uses_sections_and_picks_the_config_per_batch():
     """The plan runs each key's long config on batches whose tiles visit more than
     short_max_blocks K/V tiles on average and its short one on the others, at every head dim

@@ -94,6 +94,7 @@ def build_work_tiles(
     l2_section_bytes: int | None = None,
     window_left: int | None = None,
     shift_keys: int = 0,
+    tail_sections: int = 1,
 ) -> np.ndarray:
     """LPT work list on the CPU: int64 [num_tiles, 4] rows (batch, kv_head, m_block, cost).
 
@@ -107,7 +108,9 @@ def build_work_tiles(
     runs section by section, LPT inside each: the tiles in flight then share the K/V of one
     section, which stays in L2, instead of streaming every pair's K/V at once (a cyclic
     access pattern larger than L2 misses on nearly every read). A pair larger than the budget
-    is a section of its own.
+    is a section of its own. ``tail_sections``: the last that many sections run as one LPT
+    stretch, so the longest tiles of the end are not the last ones claimed (up to that many
+    sections' K/V are then in flight at the end).
 
     Vectorised, no per-tile Python; requests with q_len 0 get no tiles. NumPy rather than
     torch: torch's CPU repeat_interleave/searchsorted/index go through the intra-op thread
@@ -149,6 +152,8 @@ def build_work_tiles(
         section = _l2_sections(
             k_lens, m_blocks, num_kv_heads, kv_bytes_per_token, l2_section_bytes, tile_n
         )
+        if tail_sections > 1:
+            section = np.minimum(section, max(int(section.max()) - tail_sections + 1, 0))
         pair = batch * num_kv_heads + kv_head
         order = np.lexsort((-cost, section[pair]))  # stable: ties keep enumeration order
     return np.stack((batch, kv_head, m_block, cost), axis=1)[order]
@@ -192,6 +197,7 @@ def plan_prefill(
     seqused_k: torch.Tensor,
     page_table: torch.Tensor,
     l2_section_bytes: int | None = L2_SECTION_BYTES,
+    tail_sections: int = 1,
     window_left: int | None = None,
     route: str | None = None,
 ) -> PrefillPlan:
@@ -206,6 +212,7 @@ def plan_prefill(
         cu_seqlens_q, seqused_k: the same lengths on the kernel's device (passed through).
         page_table: [B, max_pages] int32 on that device (a view of vLLM's block table rows).
         l2_section_bytes: L2 budget of the tile order (``build_work_tiles``); None: plain LPT.
+        tail_sections: the last that many L2 sections as one LPT stretch (``build_work_tiles``).
         window_left: the layer's sliding window, keys a row sees left of its diagonal
             (vLLM's ``sliding_window - 1``, >= 0); given iff ``key.sliding_window``. Tile
             costs (the LPT order, ``total_work`` and the config pick) count only the K/V
@@ -276,6 +283,7 @@ def plan_prefill(
             geometry.tile_n,
             kv_bytes_per_token=kv_bytes_per_token(key),
             l2_section_bytes=l2_section_bytes,
+            tail_sections=tail_sections,
             window_left=window_left,
             shift_keys=grid_shift_keys(key, geometry.tile_n),
         )
