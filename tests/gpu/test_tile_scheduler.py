@@ -7,7 +7,7 @@ with and without a window, with a 16-bit and an FP8 cache, run at that head dim,
 and cache dtype: an FP8 cache's converter warps walk the tiles too; tests/unit/test_variants.py
 checks that these cover every supported key's picks).
 
-The kernels are built with the test-only ``count_visits`` field (no spec can set it): after
+The kernels are built with the test-only ``TileProbe.COUNT_VISITS`` probe (no spec sets it): after
 a tile's epilogue one consumer thread adds 1 to the tile's cost column of ``work_tiles``, so
 after a launch every row's cost must have grown by exactly 1. The outputs are checked against
 the fp32 reference too (a skipped tile leaves NaN rows), and the tile counter must be back at
@@ -20,7 +20,7 @@ import dataclasses
 import pytest
 import torch
 
-from vllm_fa4.kernels.config import KernelConfig
+from vllm_fa4.kernels.config import KernelConfig, TileProbe
 from vllm_fa4.testing.variants import served_configs
 
 pytestmark = pytest.mark.gpu
@@ -94,7 +94,7 @@ def test_every_tile_runs_exactly_once(head_dim, page, window_left, fp8_kv, confi
     from vllm_fa4.testing import cases, checks
 
     specs, hq, hkv, num_ctas = SHAPES[shape]
-    config = dataclasses.replace(config, count_visits=True)
+    config = dataclasses.replace(config, tile_probe=TileProbe.COUNT_VISITS)
     case = cases.make_paged_case(
         *(specs, hq, hkv, head_dim, page, torch.bfloat16, "cuda"),
         seed=3,

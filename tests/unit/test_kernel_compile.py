@@ -31,6 +31,7 @@ from vllm_fa4.kernels.config import (  # noqa: E402
     KernelConfig,
     KernelKey,
     QLoad,
+    TileProbe,
     Tiles,
 )
 from vllm_fa4.paged_prefill.policy import serving_configs  # noqa: E402
@@ -307,8 +308,10 @@ def test_count_visits_is_not_a_spelling():
     assert "count_visits" not in KernelConfig.spellings()
     with pytest.raises(ValueError, match="unknown kernel config value 'count_visits'"):
         KernelConfig.parse("queue+count_visits")
-    counting = dataclasses.replace(KernelConfig(), count_visits=True)
-    assert counting.spec == KernelConfig().spec and counting != KernelConfig()
+    for probe in ("count_visits", "stamp_times"):
+        assert probe not in KernelConfig.spellings()
+        probing = dataclasses.replace(KernelConfig(), tile_probe=TileProbe(probe))
+        assert probing.spec == KernelConfig().spec and probing != KernelConfig()
 
 
 @pytest.mark.parametrize(
@@ -350,7 +353,7 @@ def test_serving_configs_by_head_dim_page_size_and_batch():
         configs = serving_configs(key)
         for config in configs.all:  # every served config builds every key it serves
             assert config.unsupported_reason(key) is None, (key, config.spec)
-            assert not config.count_visits
+            assert config.tile_probe is TileProbe.NONE
         # one plan tiles the batch before it picks: long and short tile alike
         assert configs.long.mma_wgs == configs.short.mma_wgs
         if key.sliding_window:  # lazy_max measured a gain only on Gemma 2's 4k-window long

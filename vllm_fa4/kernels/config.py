@@ -264,6 +264,20 @@ class Fp8Qk(Enum):
     SPLIT_Q = "fp8_qk"
 
 
+class TileProbe(Enum):
+    """Test-only instrumentation of each tile's end, never spelled (no spec, so no
+    environment, can select it); a consumer thread writes into the tile's row of work_tiles."""
+
+    NONE = "none"
+    # Adds 1 to the row's cost column after the tile's epilogue: a test checks each tile ran
+    # exactly once (tests/gpu/test_tile_scheduler.py).
+    COUNT_VISITS = "count_visits"
+    # Columns 4-6 of a work list allocated 8 wide (the kernel reads the [:, :4] view): the
+    # SM's id and %globaltimer_lo (ns) at the tile's end; the CTA's start on its first tile
+    # (benchmarks/tile_times.py turns them into per-tile times and per-SM loads).
+    STAMP_TIMES = "stamp_times"
+
+
 AXES = (Tiles, BlockStep, QLoad, KvBox, PageRead, Epilogue, Fp8Qk)
 _BY_SPELLING = {member.value: member for axis in AXES for member in axis}
 
@@ -303,10 +317,8 @@ class KernelConfig:
     # with and without a window (policy.LONG_BY_PAGE: +1.7 to +7.2 % on the H100); without
     # a cap it lost (sessions 9 and 10).
     block_n: int = 0
-    # Test-only instrumentation, never spelled (so no environment can select it): a consumer
-    # thread adds 1 to its tile's cost column of work_tiles after the tile's epilogue, so a
-    # test can check each tile ran exactly once (tests/gpu/test_tile_scheduler.py).
-    count_visits: bool = False
+    # Test-only instrumentation, never spelled (TileProbe).
+    tile_probe: TileProbe = TileProbe.NONE
     fp8_qk: Fp8Qk = Fp8Qk.CONVERTED_K
 
     @classmethod
@@ -343,7 +355,7 @@ class KernelConfig:
 
     @property
     def spec(self) -> str:
-        """The spelling ``parse`` reads back (count_visits, test-only, is never spelled)."""
+        """The spelling ``parse`` reads back (tile_probe, test-only, is never spelled)."""
         default = KernelConfig()
         parts = [self.tiles.value, self.block_step.value]
         for name in (

@@ -48,6 +48,7 @@ from vllm_fa4.kernels.config import (
     KvBox,
     PageRead,
     QLoad,
+    TileProbe,
     Tiles,
     grid_shift_keys,
 )
@@ -803,6 +804,8 @@ class Sm90PagedPrefill:
     ):
         """ONE_PER_CTA: run one role (produce or consume) on the CTA's one tile (no queue)."""
         q_state = self.q_ring_state(is_producer)
+        if cutlass.const_expr(not is_producer):
+            self._stamp_cta_start(tile_args.work_tiles, first_tile)
         if cutlass.const_expr(self.q_tma):
             work = self.tile_work_q_tma(tile_args, first_tile)
             if cutlass.const_expr(is_producer):
@@ -836,6 +839,8 @@ class Sm90PagedPrefill:
         queue_state = pipeline.make_pipeline_state(user, TILE_QUEUE_STAGES)
         # Bound methods: the DSL's while would try to carry `queue` itself.
         claim, publish, receive = queue.claim, queue.publish, queue.receive
+        if cutlass.const_expr(not is_producer):
+            self._stamp_cta_start(tile_args.work_tiles, tile)
         if cutlass.const_expr(self.q_prefetch and not is_producer):
             mQ, sQ, tidx = role_args.mQ, role_args.sQ, role_args.tidx
             wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -918,6 +923,7 @@ class Sm90PagedPrefill:
                 work = self.tile_work_q_tma(tile_args, cutlass.min(tile, last))
                 queue_state = publish_work(tile, work, queue_state)
         else:
+            self._stamp_cta_start(tile_args.work_tiles, tile)
             tile = wait_tile(queue_state)
             while tile < num_tiles:
                 # One copy of the tile per Q stage (constant addresses, see walk_queue).
@@ -943,12 +949,29 @@ class Sm90PagedPrefill:
 
     @cute.jit
     def _count_visit(self, mWorkTiles: cute.Tensor, tile: Int32):
-        """`count_visits` (tests): the first consumer thread adds 1 to the tile's cost."""
-        if cutlass.const_expr(self.cfg.count_visits):
+        """The tile's end, for a test-only probe (TileProbe): the first consumer thread adds 1
+        to the row's cost, or stamps its SM and %globaltimer_lo into columns 4 and 5."""
+        probe = self.cfg.tile_probe
+        if cutlass.const_expr(probe is not TileProbe.NONE):
             tidx, _, _ = cute.arch.thread_idx()
             if tidx == 128:
-                cost_ptr = mWorkTiles[tile, None].iterator + 3
-                cute.arch.atomic_add(cost_ptr, Int32(1), sem="relaxed", scope="gpu")
+                row = mWorkTiles[tile, None].iterator
+                if cutlass.const_expr(probe is TileProbe.COUNT_VISITS):
+                    cute.arch.atomic_add(row + 3, Int32(1), sem="relaxed", scope="gpu")
+                else:
+                    stamps = cute.make_tensor(row + 4, cute.make_layout(2))
+                    stamps[0] = cute.arch.smid()
+                    stamps[1] = cute.arch.globaltimer_lo()
+
+    @cute.jit
+    def _stamp_cta_start(self, mWorkTiles: cute.Tensor, tile: Int32):
+        """TileProbe.STAMP_TIMES: %globaltimer_lo as the CTA's consumers start, into column 6
+        of its first tile's row."""
+        if cutlass.const_expr(self.cfg.tile_probe is TileProbe.STAMP_TIMES):
+            tidx, _, _ = cute.arch.thread_idx()
+            if tidx == 128 and tile < mWorkTiles.shape[0]:
+                stamps = cute.make_tensor(mWorkTiles[tile, None].iterator + 6, cute.make_layout(1))
+                stamps[0] = cute.arch.globaltimer_lo()
 
     def _block_pages(self, page_row, k_len, num_blocks, key_offset, n_block):
         """With `page_prefetch`, this lane's share of block n_block's page-table entries
