@@ -8,13 +8,15 @@ Run: python benchmarks/tile_times.py [--model gemma-2-9b] [--pages 16] [--cases 
 
 Each contender (variants_ab.py's spelling: a spec or ``default``, ``@l2=MiB``, ``@tail=N``) is
 planned as served, then launched with the same config plus the probe, which writes each tile's
-SM and %globaltimer_lo (ns) at its end and each CTA's start. Per launch (medians over
+SM and %globaltimer_lo (ns) at its start and end. Per launch (medians over
 --launches, after one warm-up):
   kernel   first CTA start to last tile end, us (the probe's stores included)
   mean/max mean SM load over the busiest one's (ncu's mean / busiest SM active cycles)
   idle     the first SM to finish: its idle time at the end, share of the kernel
   a, b     least-squares fit of a tile's time (its CTA's previous end to its end) on its
            K/V blocks: us a tile, us a block
+  a in     the same fit's us a tile for the time inside the tile (its start to its end)
+  gap      mean time from a tile's start back to its SM's previous end, us (the queue's hand-off)
   resid    residuals' spread (std) over the mean tile time; tiles > +20 %: their share
   late     the busiest SM's last tile: its list index / tiles, its blocks, its time over the fit
 """
@@ -42,12 +44,13 @@ DT = torch.bfloat16
 
 @dataclasses.dataclass
 class TileTimes:
-    """One launch's stamps: per tile (list order) its blocks, SM and end; per SM its start."""
+    """One launch's stamps, per tile in list order: its blocks, SM, start and end (ns from
+    the earliest start)."""
 
     cost: np.ndarray  # [tiles] K/V blocks
     sm: np.ndarray  # [tiles]
-    end_ns: np.ndarray  # [tiles], from the earliest CTA start
-    sm_start_ns: dict[int, int]
+    start_ns: np.ndarray  # [tiles] the consumers begin the tile (before its TileWork and Q)
+    end_ns: np.ndarray  # [tiles] after its epilogue
 
 
 def unwrap(stamps: np.ndarray, origin: int) -> np.ndarray:
@@ -57,36 +60,45 @@ def unwrap(stamps: np.ndarray, origin: int) -> np.ndarray:
 
 def read_stamps(buf: torch.Tensor) -> TileTimes:
     rows = buf.cpu().numpy().astype(np.int64)
-    starts = rows[:, 6]
-    started = starts != 0
-    if not started.any():
-        raise RuntimeError("no CTA start stamped: was the kernel built with the probe?")
-    origin = int(starts[started].min())  # earliest start; wrap-safe below while < 2^31 apart
-    ends = unwrap(rows[:, 5], origin)
-    sm = rows[:, 4]
-    sm_start: dict[int, int] = {}
-    for tile in np.flatnonzero(started):  # a CTA's first tile: its start is its SM's
-        sm_start[int(sm[tile])] = int(unwrap(starts[tile : tile + 1], origin)[0])
-    return TileTimes(cost=rows[:, 3], sm=sm, end_ns=ends, sm_start_ns=sm_start)
+    if not rows[:, 6].any():
+        raise RuntimeError("no tile start stamped: was the kernel built with the probe?")
+    # The earliest start is the origin. The low words of one launch lie within far less than
+    # 2^31 ns of each other, so the earliest is the one all others are closest after.
+    lo = rows[:, 6] % (1 << 32)
+    origin = int(min(lo, key=lambda x: int(((lo - x) % (1 << 32)).max())))
+    return TileTimes(
+        cost=rows[:, 3],
+        sm=rows[:, 4],
+        start_ns=unwrap(rows[:, 6], origin),
+        end_ns=unwrap(rows[:, 5], origin),
+    )
+
+
+def _fit(cost: np.ndarray, times: np.ndarray) -> tuple[float, float]:
+    """Least squares times = a + b * cost."""
+    design = np.stack((np.ones(len(cost)), cost.astype(np.float64)), axis=1)
+    a, b = np.linalg.lstsq(design, times.astype(np.float64), rcond=None)[0]
+    return float(a), float(b)
 
 
 def analyse(t: TileTimes) -> dict[str, float]:
     """The columns of the module doc for one launch."""
-    durations = np.zeros(len(t.cost), dtype=np.float64)
+    durations = np.zeros(len(t.cost), dtype=np.float64)  # previous end on the SM to end
     loads, last_end = {}, []
     for s in np.unique(t.sm):
         tiles = np.flatnonzero(t.sm == s)
         tiles = tiles[np.argsort(t.end_ns[tiles], kind="stable")]
-        prev = np.concatenate(([t.sm_start_ns.get(int(s), 0)], t.end_ns[tiles][:-1]))
+        sm_start = t.start_ns[tiles].min()
+        prev = np.concatenate(([sm_start], t.end_ns[tiles][:-1]))
         durations[tiles] = t.end_ns[tiles] - prev
-        loads[int(s)] = t.end_ns[tiles][-1] - t.sm_start_ns.get(int(s), 0)
+        loads[int(s)] = t.end_ns[tiles][-1] - sm_start
         last_end.append(t.end_ns[tiles][-1])
     kernel = float(t.end_ns.max())
     load = np.array(list(loads.values()), dtype=np.float64)
-    fit = np.linalg.lstsq(
-        np.stack((np.ones(len(t.cost)), t.cost.astype(np.float64)), axis=1), durations, rcond=None
-    )[0]
-    predicted = fit[0] + fit[1] * t.cost
+    a, b = _fit(t.cost, durations)
+    inside = t.end_ns - t.start_ns
+    a_in, _ = _fit(t.cost, inside)
+    predicted = a + b * t.cost
     resid = durations - predicted
     busiest = max(loads, key=loads.get)
     on_busiest = np.flatnonzero(t.sm == busiest)
@@ -95,8 +107,10 @@ def analyse(t: TileTimes) -> dict[str, float]:
         "kernel_us": kernel / 1e3,
         "mean_over_max": float(load.mean() / load.max()),
         "idle": float((kernel - min(last_end)) / kernel),
-        "a_us": fit[0] / 1e3,
-        "b_us": fit[1] / 1e3,
+        "a_us": a / 1e3,
+        "b_us": b / 1e3,
+        "a_in_us": a_in / 1e3,
+        "gap_us": float((durations - inside).mean() / 1e3),
         "resid": float(resid.std() / durations.mean()),
         "over20": float((resid > 0.2 * predicted).mean()),
         "late_index": float(last) / len(t.cost),
@@ -151,8 +165,8 @@ def main(argv=None) -> int:
     )
     print(
         f"{'case':<14} {'contender':<22} {'tiles':>5} {'kernel':>8} {'mean/max':>8} {'idle':>6} "
-        f"{'a us':>6} {'b us':>6} {'resid':>6} {'>20%':>6} {'late at':>7} {'blocks':>6} "
-        f"{'/fit':>5}"
+        f"{'a us':>6} {'b us':>6} {'a in':>6} {'gap':>5} {'resid':>6} {'>20%':>6} "
+        f"{'late at':>7} {'blocks':>6} {'/fit':>5}"
     )
     for name in args.cases.split(","):
         for page in args.pages:
@@ -168,7 +182,8 @@ def main(argv=None) -> int:
                 print(
                     f"{name + ' p' + str(page):<14} {text:<22} {r['tiles']:>5} "
                     f"{r['kernel_us']:8.1f} {r['mean_over_max']:8.3f} {r['idle']:6.1%} "
-                    f"{r['a_us']:6.2f} {r['b_us']:6.3f} {r['resid']:6.1%} {r['over20']:6.1%} "
+                    f"{r['a_us']:6.2f} {r['b_us']:6.3f} {r['a_in_us']:6.2f} {r['gap_us']:5.2f} "
+                    f"{r['resid']:6.1%} {r['over20']:6.1%} "
                     f"{r['late_index']:7.3f} {r['late_blocks']:6.0f} {r['late_over_fit']:5.2f}",
                     flush=True,
                 )

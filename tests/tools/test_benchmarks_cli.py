@@ -949,22 +949,25 @@ def test_tile_times_reads_stamps_into_loads_and_a_fit():
     import torch
 
     tt = _load("tile_times")
-    # Two SMs; tiles cost 1 + 2 us a block; SM 7 starts at 2^32 - 1000 ns (the low word
-    # wraps), SM 3 1.5 us later.
+    # Two SMs; a tile takes a 0.5 us hand-off, then 0.5 + 2 us a block; SM 7 starts at
+    # 2^32 - 1000 ns (the low word wraps), SM 3 1.5 us later.
     base = (1 << 32) - 1000
     cost = [4, 3, 2, 2, 1]
     sm = [7, 3, 7, 3, 7]
-    ends, clock = [], {7: base, 3: base + 1500}
-    for c, s in zip(cost, sm):
-        clock[s] += 1000 + 2000 * c
+    starts, ends, clock = [], [], {7: base, 3: base + 1500}
+    for i, (c, s) in enumerate(zip(cost, sm)):
+        clock[s] += 0 if i < 2 else 500  # the first tiles start at their CTA's start
+        starts.append(clock[s] % (1 << 32))
+        clock[s] += (1000 if i < 2 else 500) + 2000 * c
         ends.append(clock[s] % (1 << 32))
     buf = torch.zeros((5, 8), dtype=torch.int64)
     buf[:, 3] = torch.tensor(cost)
     buf[:, 4] = torch.tensor(sm)
     buf[:, 5] = torch.tensor(ends)
-    buf[0, 6], buf[1, 6] = base, base + 1500 - (1 << 32)
-    r = tt.analyse(tt.read_stamps(buf.to(torch.int32)))
+    buf[:, 6] = torch.tensor(starts)
+    r = tt.analyse(tt.read_stamps(buf.to(torch.int32)))  # int32, as the kernel writes them
     assert abs(r["a_us"] - 1.0) < 1e-6 and abs(r["b_us"] - 2.0) < 1e-6 and r["resid"] < 1e-9
+    assert abs(r["gap_us"] - 0.3) < 1e-9  # 3 of 5 tiles waited 0.5 us
     assert r["kernel_us"] == 17.0  # SM 7: 9 + 5 + 3 us from the origin
     assert abs(r["mean_over_max"] - (17 + 12) / 2 / 17) < 1e-9  # SM 3: 7 + 5 us
     assert abs(r["idle"] - (17 - 13.5) / 17) < 1e-9

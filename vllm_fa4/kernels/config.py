@@ -273,7 +273,7 @@ class TileProbe(Enum):
     # exactly once (tests/gpu/test_tile_scheduler.py).
     COUNT_VISITS = "count_visits"
     # Columns 4-6 of a work list allocated 8 wide (the kernel reads the [:, :4] view): the
-    # SM's id and %globaltimer_lo (ns) at the tile's end; the CTA's start on its first tile
+    # SM's id and %globaltimer_lo (ns) at the tile's end and at its start
     # (benchmarks/tile_times.py turns them into per-tile times and per-SM loads).
     STAMP_TIMES = "stamp_times"
 

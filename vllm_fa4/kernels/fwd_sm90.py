@@ -805,7 +805,7 @@ class Sm90PagedPrefill:
         """ONE_PER_CTA: run one role (produce or consume) on the CTA's one tile (no queue)."""
         q_state = self.q_ring_state(is_producer)
         if cutlass.const_expr(not is_producer):
-            self._stamp_cta_start(tile_args.work_tiles, first_tile)
+            self._stamp_tile_start(tile_args.work_tiles, first_tile)
         if cutlass.const_expr(self.q_tma):
             work = self.tile_work_q_tma(tile_args, first_tile)
             if cutlass.const_expr(is_producer):
@@ -839,8 +839,6 @@ class Sm90PagedPrefill:
         queue_state = pipeline.make_pipeline_state(user, TILE_QUEUE_STAGES)
         # Bound methods: the DSL's while would try to carry `queue` itself.
         claim, publish, receive = queue.claim, queue.publish, queue.receive
-        if cutlass.const_expr(not is_producer):
-            self._stamp_cta_start(tile_args.work_tiles, tile)
         if cutlass.const_expr(self.q_prefetch and not is_producer):
             mQ, sQ, tidx = role_args.mQ, role_args.sQ, role_args.tidx
             wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -857,6 +855,7 @@ class Sm90PagedPrefill:
                 tile, queue_state = publish(claimed, queue_state)
             elif cutlass.const_expr(self.q_prefetch):
                 done = tile
+                self._stamp_tile_start(tile_args.work_tiles, done)
                 state, tile, queue_state = role(
                     tile_work(*tile_args, tile),
                     role_args,
@@ -873,6 +872,7 @@ class Sm90PagedPrefill:
                 # R2UR in front of every wgmma, -2 to -7 % (session 9).
                 for q_stage in cutlass.range_constexpr(self.cfg.q_stages):
                     if tile < num_tiles:
+                        self._stamp_tile_start(tile_args.work_tiles, tile)
                         state = role(
                             self.tile_work_q_tma(tile_args, tile),
                             role_args,
@@ -882,6 +882,7 @@ class Sm90PagedPrefill:
                         self._count_visit(tile_args.work_tiles, tile)
                         tile, queue_state = receive(queue_state)
             else:
+                self._stamp_tile_start(tile_args.work_tiles, tile)
                 state = role(tile_work(*tile_args, tile), role_args, state)
                 self._count_visit(tile_args.work_tiles, tile)
                 tile, queue_state = receive(queue_state)
@@ -923,12 +924,12 @@ class Sm90PagedPrefill:
                 work = self.tile_work_q_tma(tile_args, cutlass.min(tile, last))
                 queue_state = publish_work(tile, work, queue_state)
         else:
-            self._stamp_cta_start(tile_args.work_tiles, tile)
             tile = wait_tile(queue_state)
             while tile < num_tiles:
                 # One copy of the tile per Q stage (constant addresses, see walk_queue).
                 for q_stage in cutlass.range_constexpr(self.cfg.q_stages):
                     if tile < num_tiles:
+                        self._stamp_tile_start(tile_args.work_tiles, tile)
                         # Its own name: `work` of the producer's branch would be carried.
                         received, queue_state = take_work(queue_state)
                         state = role(received, role_args, state, q_stage=q_stage)
@@ -964,12 +965,12 @@ class Sm90PagedPrefill:
                     stamps[1] = cute.arch.globaltimer_lo()
 
     @cute.jit
-    def _stamp_cta_start(self, mWorkTiles: cute.Tensor, tile: Int32):
-        """TileProbe.STAMP_TIMES: %globaltimer_lo as the CTA's consumers start, into column 6
-        of its first tile's row."""
+    def _stamp_tile_start(self, mWorkTiles: cute.Tensor, tile: Int32):
+        """TileProbe.STAMP_TIMES: %globaltimer_lo as the consumers start the tile (before its
+        TileWork and Q), into column 6 of its row."""
         if cutlass.const_expr(self.cfg.tile_probe is TileProbe.STAMP_TIMES):
             tidx, _, _ = cute.arch.thread_idx()
-            if tidx == 128 and tile < mWorkTiles.shape[0]:
+            if tidx == 128:
                 stamps = cute.make_tensor(mWorkTiles[tile, None].iterator + 6, cute.make_layout(1))
                 stamps[0] = cute.arch.globaltimer_lo()
 
