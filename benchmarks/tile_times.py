@@ -19,6 +19,9 @@ SM and %globaltimer_lo (ns) at its start and end. Per launch (medians over
   gap      mean time from a tile's start back to its SM's previous end, us (the queue's hand-off)
   resid    residuals' spread (std) over the mean tile time; tiles > +20 %: their share
   late     the busiest SM's last tile: its list index / tiles, its blocks, its time over the fit
+  phases   a tile's mean time in each part of consume: Q landed (Q by TMA: 0, it lands with the
+           first K), the first block, the other blocks (and the last P V), the epilogue; the
+           other blocks' time per block
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from _common import MODELS  # noqa: E402
 from variants_ab import CASES, _pages, _softcap, _window_left, parse_contender  # noqa: E402
 
 DT = torch.bfloat16
+NUM_CTAS_MAX = 1 << 20  # the rows past the grid's CTAs hold zero phase sums
+PHASES = ("q", "first", "loop", "epi")
 
 
 @dataclasses.dataclass
@@ -51,6 +56,9 @@ class TileTimes:
     sm: np.ndarray  # [tiles]
     start_ns: np.ndarray  # [tiles] the consumers begin the tile (before its TileWork and Q)
     end_ns: np.ndarray  # [tiles] after its epilogue
+    # [CTAs, 4] ns summed over a CTA's tiles: consume's start to Q landed, to the first block
+    # done, to the block loop (and the last P V) done, to the epilogue done
+    phase_sums: np.ndarray
 
 
 def unwrap(stamps: np.ndarray, origin: int) -> np.ndarray:
@@ -71,6 +79,7 @@ def read_stamps(buf: torch.Tensor) -> TileTimes:
         sm=rows[:, 4],
         start_ns=unwrap(rows[:, 6], origin),
         end_ns=unwrap(rows[:, 5], origin),
+        phase_sums=rows[: min(len(rows), NUM_CTAS_MAX), 7:11] if rows.shape[1] >= 11 else None,
     )
 
 
@@ -100,6 +109,12 @@ def analyse(t: TileTimes) -> dict[str, float]:
     a_in, _ = _fit(t.cost, inside)
     predicted = a + b * t.cost
     resid = durations - predicted
+    phases = {}
+    if t.phase_sums is not None:
+        ctas = t.phase_sums[t.phase_sums.any(axis=1)]  # the CTAs that ran a tile
+        phases = {p: float(ctas[:, i].sum() / len(t.cost) / 1e3) for i, p in enumerate(PHASES)}
+        # the loop's time per block after each tile's first
+        phases["loop_blk"] = float(ctas[:, 2].sum() / max((t.cost - 1).clip(0).sum(), 1) / 1e3)
     busiest = max(loads, key=loads.get)
     on_busiest = np.flatnonzero(t.sm == busiest)
     last = on_busiest[np.argmax(t.end_ns[on_busiest])]
@@ -116,6 +131,7 @@ def analyse(t: TileTimes) -> dict[str, float]:
         "late_index": float(last) / len(t.cost),
         "late_blocks": float(t.cost[last]),
         "late_over_fit": float(durations[last] / predicted[last]),
+        **phases,
     }
 
 
@@ -129,7 +145,7 @@ def time_case(case, text: str, launches: int) -> dict[str, float]:
         )
     stamped = dataclasses.replace(plan.config, tile_probe=TileProbe.STAMP_TIMES)
     work = plan.args.work_tiles
-    buf = torch.zeros((work.shape[0], 8), dtype=torch.int32, device=work.device)
+    buf = torch.zeros((work.shape[0], 12), dtype=torch.int32, device=work.device)
     buf[:, :4] = work
     plan = dataclasses.replace(plan, config=stamped, args=plan.args._replace(work_tiles=buf[:, :4]))
     out = case.new_out()
@@ -166,7 +182,8 @@ def main(argv=None) -> int:
     print(
         f"{'case':<14} {'contender':<22} {'tiles':>5} {'kernel':>8} {'mean/max':>8} {'idle':>6} "
         f"{'a us':>6} {'b us':>6} {'a in':>6} {'gap':>5} {'resid':>6} {'>20%':>6} "
-        f"{'late at':>7} {'blocks':>6} {'/fit':>5}"
+        f"{'late at':>7} {'blocks':>6} {'/fit':>5} | phases a tile, us: "
+        f"{'q':>5} {'first':>5} {'loop':>6} {'epi':>5} {'loop/blk':>8}"
     )
     for name in args.cases.split(","):
         for page in args.pages:
@@ -184,7 +201,9 @@ def main(argv=None) -> int:
                     f"{r['kernel_us']:8.1f} {r['mean_over_max']:8.3f} {r['idle']:6.1%} "
                     f"{r['a_us']:6.2f} {r['b_us']:6.3f} {r['a_in_us']:6.2f} {r['gap_us']:5.2f} "
                     f"{r['resid']:6.1%} {r['over20']:6.1%} "
-                    f"{r['late_index']:7.3f} {r['late_blocks']:6.0f} {r['late_over_fit']:5.2f}",
+                    f"{r['late_index']:7.3f} {r['late_blocks']:6.0f} {r['late_over_fit']:5.2f} | "
+                    f"{'':>18} {r['q']:5.2f} {r['first']:5.2f} {r['loop']:6.2f} "
+                    f"{r['epi']:5.2f} {r['loop_blk']:8.3f}",
                     flush=True,
                 )
     return 0

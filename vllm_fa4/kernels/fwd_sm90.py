@@ -203,6 +203,8 @@ class ConsumerArgs(NamedTuple):
     o_scale: Optional[Float32]  # an fp8 cache's v_scale, applied to O (else None)
     sQ_mma: Optional[cute.Tensor]  # `q_converts`: sQ typed as the GEMMs read it (else None)
     q_split: Optional[tuple]  # `fp8_qk`: (sQ8 (tile_m, D, 2) e4m3 halves, row scales)
+    # TileProbe.STAMP_TIMES: work_tiles, whose row blockIdx.x sums the tile's phases (else None)
+    probe_rows: Optional[cute.Tensor] = None
 
 
 class SoftmaxArgs(NamedTuple):
@@ -281,6 +283,7 @@ class Sm90PagedPrefill:
         # What the config's axes mean for this kernel, decided once.
         self.q_tma = cfg.q_load is QLoad.TMA
         self.q_prefetch = cfg.q_load is QLoad.PREFETCH
+        self.stamps_phases = cfg.tile_probe is TileProbe.STAMP_TIMES
         self.queue_work = cfg.tiles is Tiles.QUEUE_WITH_WORK
         self.overlap = cfg.block_step is not BlockStep.SERIAL
         self.pv_wait_mid = cfg.block_step is BlockStep.OVERLAP_PV_WAIT_MID
@@ -667,6 +670,7 @@ class Sm90PagedPrefill:
                 *(mSinks, window_left, softcap_prescale, scale_log2, tidx - 128, o_scale),
                 sQ_mma,
                 q_split,
+                tile_args.work_tiles if cutlass.const_expr(self.stamps_phases) else None,
             )
             consume = self.consume
             if cutlass.const_expr(self.q_tma):
@@ -1420,6 +1424,7 @@ class Sm90PagedPrefill:
         acc_O = g.acc_O
         num_rows = cute.size(acc_rows_view(acc_O), mode=[0])
 
+        clock = self.phase_clock() if cutlass.const_expr(self.stamps_phases) else None
         # With `q_tma` Q lands with the first K block (its wait below).
         if cutlass.const_expr(self.q_prefetch):
             self.wait_q(wg)
@@ -1446,6 +1451,10 @@ class Sm90PagedPrefill:
                 self.split_q(*split)
             scale_log2 = rows_scale_log2
         next_tile = Int32(0)  # q_prefetch only
+        if cutlass.const_expr(clock is not None):
+            self.phase_mark(
+                clock, 1
+            )  # Q has landed (Q by TMA: with the first K, in the first block)
 
         row_max = cute.make_rmem_tensor(num_rows, Float32)
         row_sum = cute.make_rmem_tensor(num_rows, Float32)
@@ -1463,10 +1472,14 @@ class Sm90PagedPrefill:
             g.tScS, work, diag, row_max, row_sum, row_scale, scale_log2, feats
         )
 
+        if cutlass.const_expr(clock is not None):
+            self.phase_mark(clock, 2)  # a tile without blocks: no first block
         if n_count > 0:
             self.first_block(
                 g, tSrQ, work, state, softmax_args, sV, pipe_k, pipe_v, tidx, wg, convert_q
             )
+            if cutlass.const_expr(clock is not None):
+                self.phase_mark(clock, 2)
             if cutlass.const_expr(not self.overlap):
                 tOrP, tOrVt, tSrK = g.tOrP, g.tOrVt, g.tSrK
                 _wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False, 0)
@@ -1514,7 +1527,12 @@ class Sm90PagedPrefill:
         if cutlass.const_expr(self.q_tma):
             sO = sQ[None, None, q_stage]
         out = (mO, mLSE, mSinks, sO)
+        if cutlass.const_expr(clock is not None):
+            self.phase_mark(clock, 3)
         self.epilogue(work, out, g, row_max, row_sum, scale_log2, tidx, wg, args.o_scale)
+        if cutlass.const_expr(clock is not None):
+            self.phase_mark(clock, 4)
+            self.phase_sums_add(clock, args.probe_rows, tidx)
         if cutlass.const_expr(self.q_tma and self.staged_epilogue):
             # The stage's generic-proxy reads and writes come before the producer's TMA.
             cute.arch.fence_view_async_shared()
@@ -1522,6 +1540,30 @@ class Sm90PagedPrefill:
         if cutlass.const_expr(self.q_prefetch):
             return state, next_tile, queue_state
         return state
+
+    @cute.jit
+    def phase_clock(self) -> cute.Tensor:
+        """TileProbe.STAMP_TIMES: five %globaltimer_lo stamps of a tile in registers (a
+        tensor, so a stamp taken inside a runtime branch stays visible after it): consume's
+        start, Q landed, first block done, loop done, epilogue done."""
+        clock = cute.make_rmem_tensor(5, Int32)
+        clock[0] = cute.arch.globaltimer_lo()
+        return clock
+
+    @cute.jit
+    def phase_mark(self, clock: cute.Tensor, phase: cutlass.Constexpr[int]):
+        clock[phase] = cute.arch.globaltimer_lo()
+
+    @cute.jit
+    def phase_sums_add(self, clock: cute.Tensor, rows: cute.Tensor, tidx: Int32):
+        """The first consumer thread adds the tile's four phase times (ns) to columns 7-10 of
+        row blockIdx.x: per CTA, sums over its tiles (benchmarks/tile_times.py)."""
+        if tidx == 0:
+            cta, _, _ = cute.arch.block_idx()
+            sums = rows[cta, None].iterator + 7
+            for phase in cutlass.range_constexpr(4):
+                delta = clock[phase + 1] - clock[phase]
+                cute.arch.atomic_add(sums + phase, delta, sem="relaxed", scope="gpu")
 
     @cute.jit
     def free_q_stage(self, q_empty, q_stage: cutlass.Constexpr[int]):
