@@ -4,7 +4,7 @@ whose time is not their block count?
 
 Run: python benchmarks/tile_times.py [--model gemma-2-9b] [--pages 16] [--cases 4kx4,16kx1]
                                      [--variants "default default@tail=2"] [--softcap 50]
-                                     [--launches 5]
+                                     [--fp8] [--launches 5]
 
 Each contender (variants_ab.py's spelling: a spec or ``default``, ``@l2=MiB``, ``@tail=N``) is
 planned as served, then launched with the same config plus the probe, which writes each tile's
@@ -173,11 +173,13 @@ def main(argv=None) -> int:
     ap.add_argument("--launches", type=int, default=5)
     ap.add_argument("--window-left", type=_window_left, default=None)
     ap.add_argument("--softcap", type=_softcap, default=None)
+    ap.add_argument("--fp8", action="store_true", help="an FP8 (e4m3) cache and its picks")
     args = ap.parse_args(argv)
     shape = MODELS[args.model]
     print(
         f"device={torch.cuda.get_device_name()} model={args.model} window_left="
-        f"{args.window_left} softcap={args.softcap} launches={args.launches}"
+        f"{args.window_left} softcap={args.softcap} kv={'fp8_e4m3' if args.fp8 else 'bf16'} "
+        f"launches={args.launches}"
     )
     print(
         f"{'case':<14} {'contender':<22} {'tiles':>5} {'kernel':>8} {'mean/max':>8} {'idle':>6} "
@@ -193,6 +195,7 @@ def main(argv=None) -> int:
                 seed=0,
                 window_left=args.window_left,
                 softcap=args.softcap,
+                fp8_kv=args.fp8,
             )
             for text in args.variants.split():
                 r = time_case(case, text, args.launches)
