@@ -283,7 +283,7 @@ class Sm90PagedPrefill:
         # What the config's axes mean for this kernel, decided once.
         self.q_tma = cfg.q_load is QLoad.TMA
         self.q_prefetch = cfg.q_load is QLoad.PREFETCH
-        self.stamps_phases = cfg.tile_probe is TileProbe.STAMP_TIMES
+        self.stamps_times = cfg.tile_probe is TileProbe.STAMP_TIMES
         self.queue_work = cfg.tiles is Tiles.QUEUE_WITH_WORK
         self.overlap = cfg.block_step is not BlockStep.SERIAL
         self.pv_wait_mid = cfg.block_step is BlockStep.OVERLAP_PV_WAIT_MID
@@ -670,7 +670,7 @@ class Sm90PagedPrefill:
                 *(mSinks, window_left, softcap_prescale, scale_log2, tidx - 128, o_scale),
                 sQ_mma,
                 q_split,
-                tile_args.work_tiles if cutlass.const_expr(self.stamps_phases) else None,
+                tile_args.work_tiles if cutlass.const_expr(self.stamps_times) else None,
             )
             consume = self.consume
             if cutlass.const_expr(self.q_tma):
@@ -809,7 +809,8 @@ class Sm90PagedPrefill:
         """ONE_PER_CTA: run one role (produce or consume) on the CTA's one tile (no queue)."""
         q_state = self.q_ring_state(is_producer)
         if cutlass.const_expr(not is_producer):
-            self._stamp_tile_start(tile_args.work_tiles, first_tile)
+            if cutlass.const_expr(self.stamps_times):
+                self._stamp_tile_start(tile_args.work_tiles, first_tile)
         if cutlass.const_expr(self.q_tma):
             work = self.tile_work_q_tma(tile_args, first_tile)
             if cutlass.const_expr(is_producer):
@@ -859,7 +860,8 @@ class Sm90PagedPrefill:
                 tile, queue_state = publish(claimed, queue_state)
             elif cutlass.const_expr(self.q_prefetch):
                 done = tile
-                self._stamp_tile_start(tile_args.work_tiles, done)
+                if cutlass.const_expr(self.stamps_times):
+                    self._stamp_tile_start(tile_args.work_tiles, done)
                 state, tile, queue_state = role(
                     tile_work(*tile_args, tile),
                     role_args,
@@ -876,7 +878,8 @@ class Sm90PagedPrefill:
                 # R2UR in front of every wgmma, -2 to -7 % (session 9).
                 for q_stage in cutlass.range_constexpr(self.cfg.q_stages):
                     if tile < num_tiles:
-                        self._stamp_tile_start(tile_args.work_tiles, tile)
+                        if cutlass.const_expr(self.stamps_times):
+                            self._stamp_tile_start(tile_args.work_tiles, tile)
                         state = role(
                             self.tile_work_q_tma(tile_args, tile),
                             role_args,
@@ -886,7 +889,8 @@ class Sm90PagedPrefill:
                         self._count_visit(tile_args.work_tiles, tile)
                         tile, queue_state = receive(queue_state)
             else:
-                self._stamp_tile_start(tile_args.work_tiles, tile)
+                if cutlass.const_expr(self.stamps_times):
+                    self._stamp_tile_start(tile_args.work_tiles, tile)
                 state = role(tile_work(*tile_args, tile), role_args, state)
                 self._count_visit(tile_args.work_tiles, tile)
                 tile, queue_state = receive(queue_state)
@@ -933,7 +937,8 @@ class Sm90PagedPrefill:
                 # One copy of the tile per Q stage (constant addresses, see walk_queue).
                 for q_stage in cutlass.range_constexpr(self.cfg.q_stages):
                     if tile < num_tiles:
-                        self._stamp_tile_start(tile_args.work_tiles, tile)
+                        if cutlass.const_expr(self.stamps_times):
+                            self._stamp_tile_start(tile_args.work_tiles, tile)
                         # Its own name: `work` of the producer's branch would be carried.
                         received, queue_state = take_work(queue_state)
                         state = role(received, role_args, state, q_stage=q_stage)
@@ -1424,7 +1429,7 @@ class Sm90PagedPrefill:
         acc_O = g.acc_O
         num_rows = cute.size(acc_rows_view(acc_O), mode=[0])
 
-        clock = self.phase_clock() if cutlass.const_expr(self.stamps_phases) else None
+        clock = self.phase_clock() if cutlass.const_expr(self.stamps_times) else None
         # With `q_tma` Q lands with the first K block (its wait below).
         if cutlass.const_expr(self.q_prefetch):
             self.wait_q(wg)
@@ -1452,9 +1457,8 @@ class Sm90PagedPrefill:
             scale_log2 = rows_scale_log2
         next_tile = Int32(0)  # q_prefetch only
         if cutlass.const_expr(clock is not None):
-            self.phase_mark(
-                clock, 1
-            )  # Q has landed (Q by TMA: with the first K, in the first block)
+            # Q has landed (Q by TMA: with the first K, in the first block)
+            self.phase_mark(clock, 1)
 
         row_max = cute.make_rmem_tensor(num_rows, Float32)
         row_sum = cute.make_rmem_tensor(num_rows, Float32)
