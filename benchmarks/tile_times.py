@@ -20,8 +20,8 @@ SM and %globaltimer_lo (ns) at its start and end. Per launch (medians over
   resid    residuals' spread (std) over the mean tile time; tiles > +20 %: their share
   late     the busiest SM's last tile: its list index / tiles, its blocks, its time over the fit
   phases   a tile's mean time in each part of consume: Q landed (Q by TMA: 0, it lands with the
-           first K), the first block, the other blocks (and the last P V), the epilogue; the
-           other blocks' time per block
+           first K), the first block, the other blocks (and the last P V), the epilogue's
+           normalization and conversion, its stores; the other blocks' time per block
 """
 
 from __future__ import annotations
@@ -43,8 +43,7 @@ from _common import MODELS  # noqa: E402
 from variants_ab import CASES, _pages, _softcap, _window_left, parse_contender  # noqa: E402
 
 DT = torch.bfloat16
-NUM_CTAS_MAX = 1 << 20  # the rows past the grid's CTAs hold zero phase sums
-PHASES = ("q", "first", "loop", "epi")
+PHASES = ("q", "first", "loop", "epi_math", "epi_store")
 
 
 @dataclasses.dataclass
@@ -56,8 +55,9 @@ class TileTimes:
     sm: np.ndarray  # [tiles]
     start_ns: np.ndarray  # [tiles] the consumers begin the tile (before its TileWork and Q)
     end_ns: np.ndarray  # [tiles] after its epilogue
-    # [CTAs, 4] ns summed over a CTA's tiles: consume's start to Q landed, to the first block
-    # done, to the block loop (and the last P V) done, to the epilogue done
+    # [CTAs, 5] ns summed over a CTA's tiles: consume's start to Q landed, to the first block
+    # done, to the block loop (and the last P V) done, to O normalized and converted, to O
+    # (and the LSE) stored
     phase_sums: np.ndarray
 
 
@@ -79,7 +79,7 @@ def read_stamps(buf: torch.Tensor) -> TileTimes:
         sm=rows[:, 4],
         start_ns=unwrap(rows[:, 6], origin),
         end_ns=unwrap(rows[:, 5], origin),
-        phase_sums=rows[: min(len(rows), NUM_CTAS_MAX), 7:11] if rows.shape[1] >= 11 else None,
+        phase_sums=rows[:, 7:12] if rows.shape[1] >= 12 else None,  # zero past the CTAs
     )
 
 
@@ -185,7 +185,7 @@ def main(argv=None) -> int:
         f"{'case':<14} {'contender':<22} {'tiles':>5} {'kernel':>8} {'mean/max':>8} {'idle':>6} "
         f"{'a us':>6} {'b us':>6} {'a in':>6} {'gap':>5} {'resid':>6} {'>20%':>6} "
         f"{'late at':>7} {'blocks':>6} {'/fit':>5} | phases a tile, us: "
-        f"{'q':>5} {'first':>5} {'loop':>6} {'epi':>5} {'loop/blk':>8}"
+        f"{'q':>5} {'first':>5} {'loop':>6} {'epi m':>5} {'epi s':>5} {'loop/blk':>8}"
     )
     for name in args.cases.split(","):
         for page in args.pages:
@@ -206,7 +206,7 @@ def main(argv=None) -> int:
                     f"{r['resid']:6.1%} {r['over20']:6.1%} "
                     f"{r['late_index']:7.3f} {r['late_blocks']:6.0f} {r['late_over_fit']:5.2f} | "
                     f"{'':>18} {r['q']:5.2f} {r['first']:5.2f} {r['loop']:6.2f} "
-                    f"{r['epi']:5.2f} {r['loop_blk']:8.3f}",
+                    f"{r['epi_math']:5.2f} {r['epi_store']:5.2f} {r['loop_blk']:8.3f}",
                     flush=True,
                 )
     return 0

@@ -976,11 +976,12 @@ def test_tile_times_reads_stamps_into_loads_and_a_fit():
     # 12 wide: CTA rows 0 and 1 sum their tiles' phases (ns)
     wide = torch.zeros((5, 12), dtype=torch.int64)
     wide[:, :8] = buf
-    wide[0, 7:11] = torch.tensor([300, 3000, 9000, 600])  # SM 7's three tiles
-    wide[1, 7:11] = torch.tensor([200, 2000, 4000, 400])  # SM 3's two tiles
+    wide[0, 7:12] = torch.tensor([300, 3000, 9000, 400, 200])  # SM 7's three tiles
+    wide[1, 7:12] = torch.tensor([200, 2000, 4000, 100, 300])  # SM 3's two tiles
     r = tt.analyse(tt.read_stamps(wide.to(torch.int32)))
     assert abs(r["q"] - 0.1) < 1e-9 and abs(r["first"] - 1.0) < 1e-9
-    assert abs(r["loop"] - 2.6) < 1e-9 and abs(r["epi"] - 0.2) < 1e-9
+    assert abs(r["loop"] - 2.6) < 1e-9
+    assert abs(r["epi_math"] - 0.1) < 1e-9 and abs(r["epi_store"] - 0.1) < 1e-9
     assert abs(r["loop_blk"] - 13.0 / 7) < 1e-9  # blocks after each tile's first: 3+2+1+1+0
 
 

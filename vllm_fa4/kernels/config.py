@@ -272,9 +272,10 @@ class TileProbe(Enum):
     # Adds 1 to the row's cost column after the tile's epilogue: a test checks each tile ran
     # exactly once (tests/gpu/test_tile_scheduler.py).
     COUNT_VISITS = "count_visits"
-    # Columns 4-6 of a work list allocated 8 wide (the kernel reads the [:, :4] view): the
-    # SM's id and %globaltimer_lo (ns) at the tile's end and at its start
-    # (benchmarks/tile_times.py turns them into per-tile times and per-SM loads).
+    # Columns 4-6 of a work list allocated 12 wide (the kernel reads the [:, :4] view): the
+    # SM's id and %globaltimer_lo (ns) at the tile's end and at its start; columns 7-11 of
+    # row b: CTA b's sums of its tiles' phases (benchmarks/tile_times.py turns them into
+    # per-tile times, per-SM loads and a tile's phases).
     STAMP_TIMES = "stamp_times"
 
 

@@ -46,6 +46,7 @@ def write_output(
     staged: cutlass.Constexpr[bool],
     mSinks=None,  # [Hq] fp32 sink logits (attention sinks), or None
     o_scale=None,  # Float32 factor of every O row (an fp8 cache's v_scale), or None
+    on_converted=None,  # the tile probe's mark once O is normalized and converted, or None
 ):
     num_rows = cute.size(row_max)
     tile_m, head_dim = cute.size(sQ, mode=[0]), cute.size(sQ, mode=[1])
@@ -65,6 +66,8 @@ def write_output(
     scale_rows(acc_O, inv_sum)
     rO = cute.make_rmem_tensor_like(acc_O, dtype)
     rO.store(acc_O.load().to(dtype))
+    if cutlass.const_expr(on_converted is not None):
+        on_converted()
 
     if cutlass.const_expr(has_lse):
         for i in cutlass.range_constexpr(num_rows):

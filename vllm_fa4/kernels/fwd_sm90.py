@@ -203,7 +203,7 @@ class ConsumerArgs(NamedTuple):
     o_scale: Optional[Float32]  # an fp8 cache's v_scale, applied to O (else None)
     sQ_mma: Optional[cute.Tensor]  # `q_converts`: sQ typed as the GEMMs read it (else None)
     q_split: Optional[tuple]  # `fp8_qk`: (sQ8 (tile_m, D, 2) e4m3 halves, row scales)
-    # TileProbe.STAMP_TIMES: work_tiles, whose row blockIdx.x sums the tile's phases (else None)
+    # TileProbe.STAMP_TIMES: work_tiles, whose row blockIdx.x sums the tiles' phases (else None)
     probe_rows: Optional[cute.Tensor] = None
 
 
@@ -1531,11 +1531,13 @@ class Sm90PagedPrefill:
         if cutlass.const_expr(self.q_tma):
             sO = sQ[None, None, q_stage]
         out = (mO, mLSE, mSinks, sO)
+        converted = None
         if cutlass.const_expr(clock is not None):
             self.phase_mark(clock, 3)
-        self.epilogue(work, out, g, row_max, row_sum, scale_log2, tidx, wg, args.o_scale)
+            converted = partial(self.phase_mark, clock, 4)
+        self.epilogue(work, out, g, row_max, row_sum, scale_log2, tidx, wg, args.o_scale, converted)
         if cutlass.const_expr(clock is not None):
-            self.phase_mark(clock, 4)
+            self.phase_mark(clock, 5)
             self.phase_sums_add(clock, args.probe_rows, tidx)
         if cutlass.const_expr(self.q_tma and self.staged_epilogue):
             # The stage's generic-proxy reads and writes come before the producer's TMA.
@@ -1547,10 +1549,10 @@ class Sm90PagedPrefill:
 
     @cute.jit
     def phase_clock(self) -> cute.Tensor:
-        """TileProbe.STAMP_TIMES: five %globaltimer_lo stamps of a tile in registers (a
+        """TileProbe.STAMP_TIMES: six %globaltimer_lo stamps of a tile in registers (a
         tensor, so a stamp taken inside a runtime branch stays visible after it): consume's
-        start, Q landed, first block done, loop done, epilogue done."""
-        clock = cute.make_rmem_tensor(5, Int32)
+        start, Q landed, first block done, loop done, O converted, O stored."""
+        clock = cute.make_rmem_tensor(6, Int32)
         clock[0] = cute.arch.globaltimer_lo()
         return clock
 
@@ -1560,12 +1562,12 @@ class Sm90PagedPrefill:
 
     @cute.jit
     def phase_sums_add(self, clock: cute.Tensor, rows: cute.Tensor, tidx: Int32):
-        """The first consumer thread adds the tile's four phase times (ns) to columns 7-10 of
+        """The first consumer thread adds the tile's five phase times (ns) to columns 7-11 of
         row blockIdx.x: per CTA, sums over its tiles (benchmarks/tile_times.py)."""
         if tidx == 0:
             cta, _, _ = cute.arch.block_idx()
             sums = rows[cta, None].iterator + 7
-            for phase in cutlass.range_constexpr(4):
+            for phase in cutlass.range_constexpr(5):
                 delta = clock[phase + 1] - clock[phase]
                 cute.arch.atomic_add(sums + phase, delta, sem="relaxed", scope="gpu")
 
@@ -1611,10 +1613,21 @@ class Sm90PagedPrefill:
 
     @cute.jit
     def epilogue(
-        self, work, out, g, row_max, row_sum, scale_log2, tidx: Int32, wg: Int32, o_scale=None
+        self,
+        work,
+        out,
+        g,
+        row_max,
+        row_sum,
+        scale_log2,
+        tidx: Int32,
+        wg: Int32,
+        o_scale=None,
+        on_converted=None,
     ):
         """Normalize O (times `o_scale`, an fp8 cache's v_scale) and write it (and the LSE);
-        `out` = (mO, mLSE, mSinks, sQ)."""
+        `out` = (mO, mLSE, mSinks, sQ); `on_converted`: the tile probe's mark between the
+        two."""
         mO, mLSE, mSinks, sQ = out
         write_output(
             work,
@@ -1635,6 +1648,7 @@ class Sm90PagedPrefill:
             self.staged_epilogue,
             mSinks,
             o_scale,
+            on_converted,
         )
 
     @cute.jit
