@@ -70,10 +70,11 @@ def read_stamps(buf: torch.Tensor) -> TileTimes:
     rows = buf.cpu().numpy().astype(np.int64)
     if not rows[:, 6].any():
         raise RuntimeError("no tile start stamped: was the kernel built with the probe?")
-    # The earliest start is the origin. The low words of one launch lie within far less than
-    # 2^31 ns of each other, so the earliest is the one all others are closest after.
-    lo = rows[:, 6] % (1 << 32)
-    origin = int(min(lo, key=lambda x: int(((lo - x) % (1 << 32)).max())))
+    # The earliest start is the origin. One launch's low words lie within far less than 2^31
+    # ns of each other, so each start's signed offset from the first row's is exact.
+    first = int(rows[0, 6])
+    offsets = (rows[:, 6] - first + (1 << 31)) % (1 << 32) - (1 << 31)
+    origin = first + int(offsets.min())
     return TileTimes(
         cost=rows[:, 3],
         sm=rows[:, 4],

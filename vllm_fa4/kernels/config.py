@@ -265,8 +265,8 @@ class Fp8Qk(Enum):
 
 
 class TileProbe(Enum):
-    """Test-only instrumentation of each tile's end, never spelled (no spec, so no
-    environment, can select it); a consumer thread writes into the tile's row of work_tiles."""
+    """Test-only instrumentation of the tiles, never spelled (no spec, so no environment, can
+    select it); the first consumer thread writes into work_tiles."""
 
     NONE = "none"
     # Adds 1 to the row's cost column after the tile's epilogue: a test checks each tile ran

@@ -817,11 +817,11 @@ class Sm90PagedPrefill:
                 role(work, role_args, state, q_state=q_state)
             else:
                 role(work, role_args, state, q_stage=0)
-                self._count_visit(tile_args.work_tiles, first_tile)
+                self._probe_tile_end(tile_args.work_tiles, first_tile)
         else:
             role(tile_work(*tile_args, first_tile), role_args, state)
             if cutlass.const_expr(not is_producer):
-                self._count_visit(tile_args.work_tiles, first_tile)
+                self._probe_tile_end(tile_args.work_tiles, first_tile)
 
     @cute.jit
     def walk_queue(
@@ -870,7 +870,7 @@ class Sm90PagedPrefill:
                     queue_state,
                     tile_args,
                 )
-                self._count_visit(tile_args.work_tiles, done)
+                self._probe_tile_end(tile_args.work_tiles, done)
             elif cutlass.const_expr(self.q_tma):
                 # One copy of the tile per Q stage, so each reads its stage at a constant
                 # address: a runtime stage index (or any Q pipeline state live across the
@@ -886,13 +886,13 @@ class Sm90PagedPrefill:
                             state,
                             q_stage=q_stage,
                         )
-                        self._count_visit(tile_args.work_tiles, tile)
+                        self._probe_tile_end(tile_args.work_tiles, tile)
                         tile, queue_state = receive(queue_state)
             else:
                 if cutlass.const_expr(self.stamps_times):
                     self._stamp_tile_start(tile_args.work_tiles, tile)
                 state = role(tile_work(*tile_args, tile), role_args, state)
-                self._count_visit(tile_args.work_tiles, tile)
+                self._probe_tile_end(tile_args.work_tiles, tile)
                 tile, queue_state = receive(queue_state)
         if cutlass.const_expr(is_producer):
             queue.finish()
@@ -942,7 +942,7 @@ class Sm90PagedPrefill:
                         # Its own name: `work` of the producer's branch would be carried.
                         received, queue_state = take_work(queue_state)
                         state = role(received, role_args, state, q_stage=q_stage)
-                        self._count_visit(tile_args.work_tiles, tile)
+                        self._probe_tile_end(tile_args.work_tiles, tile)
                         tile = wait_tile(queue_state)
         if cutlass.const_expr(is_producer):
             queue.finish()
@@ -958,7 +958,7 @@ class Sm90PagedPrefill:
         return work
 
     @cute.jit
-    def _count_visit(self, mWorkTiles: cute.Tensor, tile: Int32):
+    def _probe_tile_end(self, mWorkTiles: cute.Tensor, tile: Int32):
         """The tile's end, for a test-only probe (TileProbe): the first consumer thread adds 1
         to the row's cost, or stamps its SM and %globaltimer_lo into columns 4 and 5."""
         probe = self.cfg.tile_probe
