@@ -4,10 +4,10 @@ streaming /v1/completions that answers like vLLM's (one chunk per token, finish_
 
 "Prefill" sleeps in proportion to the prompt tokens not found in its prefix cache (16-token
 blocks, chained hashes, as vLLM's); each token then takes `token_delay_s`. A client that goes
-away is noticed at the next write (the headers' too) and counted in `aborted`. Faults on
-request: every Nth request answers HTTP 500 (`fail_every`), ends its stream without `[DONE]`
-(`truncate_every`), or sends an error chunk (`error_every`), among the first `faults_until`
-requests (0: all); `traceback_at` prints a Traceback to stderr once.
+away is noticed at the next read or write (its body's, the headers') and counted in
+`aborted`. Faults on request: every Nth request answers HTTP 500 (`fail_every`), ends its
+stream without `[DONE]` (`truncate_every`), or sends an error chunk (`error_every`), among
+the first `faults_until` requests (0: all); `traceback_at` prints a Traceback to stderr once.
 
 In-process: `start(FakeConfig(...))` in a running loop -> (state, port, runner). As a process
 (the soak's --server-command): `python fake_openai_server.py --port N [--fail-every N ...]`.
@@ -77,7 +77,14 @@ async def completions(request: web.Request) -> web.StreamResponse:
     cfg = st.config
     st.requests += 1
     n = st.requests
-    body = await request.json()
+    try:
+        body = await request.json()
+    except ConnectionError:  # gone while its body was still arriving (long prompts, CPU load)
+        st.aborted += 1
+        return web.Response(status=499)  # raising would log a Traceback
+    except asyncio.CancelledError:
+        st.aborted += 1
+        raise
     prompt, max_tokens = body.get("prompt"), body.get("max_tokens")
     if not isinstance(prompt, list) or not body.get("stream") or not body.get("ignore_eos"):
         st.bad_bodies.append(body)

@@ -21,6 +21,7 @@ import cutlass.cute as cute  # noqa: E402
 
 from vllm_fa4.kernels.cache import KernelCache  # noqa: E402
 from vllm_fa4.kernels.fwd_sm90 import CUTLASS_DTYPES, Sm90PagedPrefill  # noqa: E402
+from vllm_fa4.kernels.trace_locations import memoized_source_locations  # noqa: E402
 
 logger = logging.getLogger("vllm_fa4")
 
@@ -64,7 +65,8 @@ def compile_kernel(key: KernelKey, config: KernelConfig = DEFAULT_CONFIG, has_ls
     if reason is not None:
         raise ValueError(f"vllm_fa4: cannot build {key} with {config.spec}: {reason}")
     kern = Sm90PagedPrefill(key, config, has_lse)
-    return cute.compile(kern, *_fake_args(key, config, has_lse), options="--enable-tvm-ffi")
+    with memoized_source_locations():
+        return cute.compile(kern, *_fake_args(key, config, has_lse), options="--enable-tvm-ffi")
 
 
 _CACHE = KernelCache(compile_kernel, function_name="vllm_fa4_prefill")
