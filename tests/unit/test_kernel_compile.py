@@ -201,10 +201,15 @@ def test_compile_model_feature_keys(key, config, has_lse):
     assert_compiles(key, config, has_lse)
 
 
-# Every swept config at the benchmark key; the served ones also at the head-dim / page / GQA
-# extremes (smem epilogue lane layout per head dim, box splitting at page 128).
+# Every swept config serving does not launch, at the benchmark key (the served ones compile
+# above at every key; GPU tests sweep them all with the LSE); features the served configs use
+# at the head-dim / page / GQA extremes (smem epilogue lane layout per head dim, box
+# splitting at page 128).
+SERVED_CONFIGS = {config for _, config in SERVED_FAMILIES}
 VARIANT_CASES = [
-    (c.spec, KernelKey("bfloat16", 64 if c.mma_wgs == 3 else 128, 16, 4)) for c in ALL_CONFIGS
+    (c.spec, KernelKey("bfloat16", 64 if c.mma_wgs == 3 else 128, 16, 4))
+    for c in ALL_CONFIGS
+    if c not in SERVED_CONFIGS
 ] + [
     # three consumer warpgroups: gpt-oss's group of 8 at page 128, the staged epilogue, and
     # the producer's 40 registers reading pages a block ahead (consumers then get 152)
