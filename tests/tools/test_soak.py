@@ -580,8 +580,12 @@ def test_drive_cancels_and_accounts_end_to_end():
     assert c["completed_short"] > 10 and c["completed_long"] > 3
     assert c["cancelled"] > 3 and c["cancelled_before_first_token"] > 0
     # a cancellation closes its connection: the server sees the stream break off, unless it
-    # had written the whole answer already (the client had not read it yet)
-    assert state.aborted + state.completed == state.requests == c["sent"]
+    # had written the whole answer already (the client had not read it yet); one cancelled at
+    # once may close before the server has read its request at all (seen under CPU load: the
+    # server saw 179 of 180, then 175 of 176), which only a cancellation before the first
+    # token can do
+    assert state.aborted + state.completed == state.requests <= c["sent"]
+    assert c["sent"] - state.requests <= c["cancelled_before_first_token"]
     assert 0 < state.aborted <= c["cancelled"] and state.completed >= c["completed"]
     assert state.bad_bodies == [] and len(out["samples"]) >= 2
     assert s["tokens"]["cached_prompt"] > 0  # shared documents and prefixes hit the cache
@@ -659,8 +663,8 @@ def test_fake_server_counts_a_client_gone_before_the_headers(monkeypatch):
 @pytest.mark.parametrize("gone", ["reset", "cancelled"])
 def test_fake_server_counts_a_client_gone_before_its_body_arrived(gone):
     """A cancelled request can be gone while the server still reads its body (a long prompt's
-    token list under CPU load: a CI run counted 179 of 180); it is counted as aborted, so
-    that every request the server saw is aborted or completed."""
+    token list under CPU load); it is counted as aborted, so that every request the server saw
+    is aborted or completed."""
     from aiohttp.client_exceptions import ClientConnectionResetError
 
     class Request:

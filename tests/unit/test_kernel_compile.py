@@ -4,8 +4,8 @@ The default run (scripts/test.sh) compiles one kernel per config family serving 
 (``test_compile_served_config_family``: 29 with the FP8 families). The full matrix, marker
 ``compile_matrix`` (deselected by default; .ci/run runs it), compiles every key with every
 config serving can launch for it, the model-feature keys and the variant cases:
-``pytest -m compile_matrix``, 133 tests of 4-15 s each (7.5 minutes on 2 idle cores). Each
-dtype is compiled on half of the head-dim x page-size cells (``alternating_dtype``), each
+``pytest -m compile_matrix``, 119 tests of 4-15 s each (6.5 minutes on 2 idle cores). Each
+dtype is compiled on half of the head-dim x page-size cells (``chessboard_dtype``), each
 feature config with or without the LSE. Kernels go through the disk
 cache (``VLLM_FA4_CACHE_DIR``, one per test run: tests/conftest.py), so a kernel one test
 process compiled is loaded, not compiled again, by another of the same run.
@@ -53,12 +53,14 @@ def case_id(key: KernelKey, config: KernelConfig, *has_lse: bool) -> str:
     return "-".join([repr(key), config.spec, *lse])
 
 
-def alternating_dtype(*axis_positions: int) -> str:
+def chessboard_dtype(head_dim: int, page_size: int) -> str:
     """The 16-bit dtype only changes the MMA's element type and one conversion, so each
     (head dim, page size) cell is compiled with one dtype, alternating like a chessboard:
     every dtype meets every head dim and every page size (half the compiles of the full
-    cross product, which CI's time could not afford: docs/reliability.md, part 5)."""
-    return SUPPORTED_DTYPES[sum(axis_positions) % len(SUPPORTED_DTYPES)]
+    cross product, which CI's time could not afford: docs/reliability.md, part 5). The
+    README suite's config families use the same cells, so the matrix loads them from disk."""
+    cell = SUPPORTED_HEAD_DIMS.index(head_dim) + SUPPORTED_PAGE_SIZES.index(page_size)
+    return SUPPORTED_DTYPES[cell % len(SUPPORTED_DTYPES)]
 
 
 # Every compile-time (head dim x page size) a Llama-family model can need at GQA 4, each dtype
@@ -66,9 +68,9 @@ def alternating_dtype(*axis_positions: int) -> str:
 # arithmetic).
 KEYS = sorted(
     {
-        KernelKey(alternating_dtype(i, j), hd, ps, 4)
-        for i, hd in enumerate(SUPPORTED_HEAD_DIMS)
-        for j, ps in enumerate(SUPPORTED_PAGE_SIZES)
+        KernelKey(chessboard_dtype(hd, ps), hd, ps, 4)
+        for hd in SUPPORTED_HEAD_DIMS
+        for ps in SUPPORTED_PAGE_SIZES
     }
     | {KernelKey("bfloat16", 128, 16, qpk) for qpk in (1, 3, 8, 32)}
     | {KernelKey("float16", 64, 32, 3)},
@@ -79,10 +81,10 @@ KEYS = sorted(
 def served_config_families() -> list[tuple[KernelKey, KernelConfig]]:
     """One (key, config) per distinct config that serving can launch for some supported key
     (every dtype, head dim, page size, model feature and KV cache dtype), with the plainest
-    key that runs it (bf16, no feature, smallest page first): serving picks configs by head
-    dim, page size, window and cache dtype only, so these few kernels cover every code path
-    serving compiles. An fp8 cache's kernel is its own family per staging depth (fp8_kv.py:
-    the converter warps, one or two staging slots)."""
+    key that runs it (no feature, the compile matrix's dtype for its cell, smallest page
+    first): serving picks configs by head dim, page size, window and cache dtype only, so
+    these few kernels cover every code path serving compiles. An fp8 cache's kernel is its
+    own family per staging depth (fp8_kv.py: the converter warps, one or two staging slots)."""
     keys = [
         KernelKey(dt, hd, ps, 4, sliding_window=window, softcap=softcap, sinks=sinks, kv_dtype=kv)
         for dt in SUPPORTED_DTYPES
@@ -95,7 +97,13 @@ def served_config_families() -> list[tuple[KernelKey, KernelConfig]]:
     ]
     plainest_first = sorted(
         keys,
-        key=lambda k: (k.sliding_window, k.softcap, k.sinks, k.dtype != "bfloat16", k.page_size),
+        key=lambda k: (
+            k.sliding_window,
+            k.softcap,
+            k.sinks,
+            k.dtype != chessboard_dtype(k.head_dim, k.page_size),  # the matrix's cells
+            k.page_size,
+        ),
     )
     families: dict[tuple, KernelKey] = {}
     for key in plainest_first:
@@ -118,9 +126,9 @@ def test_compile_served_config_family(key, config):
 # GQA groups.
 FP8_KEYS = sorted(
     {
-        KernelKey(alternating_dtype(i, j), hd, ps, 4, kv_dtype=FP8_E4M3)
-        for i, hd in enumerate(SUPPORTED_HEAD_DIMS)
-        for j, ps in enumerate((16, 128))
+        KernelKey(chessboard_dtype(hd, ps), hd, ps, 4, kv_dtype=FP8_E4M3)
+        for hd in SUPPORTED_HEAD_DIMS
+        for ps in (16, 128)
     }
     | {KernelKey("bfloat16", 128, 32, qpk, kv_dtype=FP8_E4M3) for qpk in (1, 3)},
     key=repr,
