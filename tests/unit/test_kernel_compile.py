@@ -193,7 +193,7 @@ FEATURE_KEYS = [
 
 
 # Each config once, with and without the LSE output alternating (serving never asks for the
-# LSE; the variant cases compile it with every swept config).
+# LSE; the variant cases compile it with every swept config serving does not launch).
 FEATURE_CASES = [
     (key, config, bool((i + j) % 2))
     for i, key in enumerate(FEATURE_KEYS)
