@@ -2,10 +2,10 @@
 
 The DSL gives every MLIR op it builds a source location, found with
 ``inspect.getframeinfo`` (a file resolve, two ``stat`` calls and a source lookup per op). A
-kernel builds about 40,000 ops from about 600 call sites; looking each site up once cuts a
-compile by 28 % on 2 cores (session 24, docs/reliability.md). A frame's info depends only on its code object and
-instruction offset (and the source file, which does not change while we compile), so within
-a compile it is looked up once per call site. The locations, and so the machine code, are
+kernel builds about 40,000 ops from about 600 call sites. A frame's info depends only on its
+code object and instruction offset (and the source file, which does not change while we
+compile), so within a compile it is looked up once per call site: 28 % less compile time on
+2 cores (session 24, docs/reliability.md). The locations, and so the machine code, are
 the same. DSL 4.8 (vLLM 0.33's) computes them cheaply itself (``_fast_frameinfo``); there
 this does nothing.
 """
