@@ -8,6 +8,7 @@ compute-sanitizer (memcheck, racecheck, synccheck) to watch.
     compute-sanitizer --tool memcheck python tools/sanitize_served.py --fp8-only   # or --no-fp8
     compute-sanitizer --tool racecheck python tools/sanitize_served.py --wrap --ctas 16 --shard 0/16
     compute-sanitizer --tool memcheck python tools/sanitize_served.py --only 'hd256 p16 .*w'
+    VLLM_FA4_VARIANT=SPEC compute-sanitizer ... tools/sanitize_served.py   # one config instead
 
 The set is ``serving_configs(key).all`` over keys that make different code: head dims 64 /
 128 / 256, pages 16 and 128, both dtypes at head dim 128, the model features (window, soft
@@ -42,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from vllm_fa4.kernels.config import FP8_E4M3, KernelConfig, KernelKey  # noqa: E402
-from vllm_fa4.paged_prefill.policy import serving_configs  # noqa: E402
+from vllm_fa4.paged_prefill.policy import configured_config, serving_configs  # noqa: E402
 
 
 class Shape(NamedTuple):
@@ -179,12 +180,16 @@ def padded_layout(shape: Shape):
 
 def served(shape: Shape) -> list[tuple[KernelConfig, bool]]:
     """(config, padded) for each config serving launches for ``shape``'s key: as served on
-    the packed cache, and refitted to the padded one (``fit_config``). Host only."""
+    the packed cache, and refitted to the padded one (``fit_config``). Host only.
+    ``VLLM_FA4_VARIANT`` replaces the table's picks with one config (a candidate before its
+    adoption), as it does in serving; keys it cannot build are left out."""
     from vllm_fa4.paged_prefill.layout import fit_config
 
     key, layout = shape.key, padded_layout(shape)
-    configs = {(c, False) for c in serving_configs(key).all}
-    configs |= {(fit_config(c, key, layout), True) for c in serving_configs(key).all}
+    picks = serving_configs(key, configured_config()).all
+    picks = tuple(c for c in picks if c.unsupported_reason(key) is None)
+    configs = {(c, False) for c in picks}
+    configs |= {(fit_config(c, key, layout), True) for c in picks}
     return sorted(configs, key=lambda cp: (cp[0].spec, cp[1]))
 
 

@@ -162,3 +162,18 @@ def test_only_narrows_the_set_to_matching_labels():
     with pytest.raises(SystemExit) as refused:
         tool.main(["--only", "hd512"])
     assert refused.value.code == 2
+
+
+@pytest.mark.parametrize("spec", ["queue+overlap+lazy_max+tma_epilogue", "queue+overlap+mma_wgs=3"])
+def test_a_fixed_variant_replaces_the_picks_where_it_builds(monkeypatch, spec):
+    """VLLM_FA4_VARIANT runs one candidate config instead of the table's picks (before its
+    adoption), leaving out the keys it cannot build (mma_wgs=3: all but head dim 64)."""
+    every = {key for _, key, _, _ in tool.pairs(fp8=False)}
+    monkeypatch.setenv("VLLM_FA4_VARIANT", spec)
+    runs = list(tool.pairs(fp8=False))
+    config = KernelConfig.parse(spec)
+    assert runs and {c for _, _, c, _ in runs} == {config}
+    built = {key for _, key, _, _ in runs}
+    assert built == {k for k in every if config.unsupported_reason(k) is None}
+    if "mma_wgs=3" in spec:
+        assert {k.head_dim for k in built} == {64}

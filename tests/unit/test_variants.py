@@ -162,3 +162,17 @@ def test_head_dim_256_global_layers_read_pages_ahead_on_16_bit_caches_only():
             assert all(c.page_read is PageRead.AFTER_ACQUIRE for c in serving_configs(other).all), (
                 other
             )
+
+
+def test_tma_epilogue_needs_q_by_cp_async_and_whole_tokens_a_warpgroup():
+    """Q by TMA or prefetched would land in sQ while O's boxes still read it; a box holds a
+    warpgroup's 64 rows only when they are whole tokens (64 % G == 0)."""
+    key = KernelKey("bfloat16", 256, 16, 2)
+    assert KernelConfig.parse("queue+overlap+tma_epilogue").unsupported_reason(key) is None
+    for q_load in ("q_tma", "q_prefetch"):
+        reason = KernelConfig.parse(f"queue+overlap+{q_load}+tma_epilogue").unsupported_reason(key)
+        assert reason is not None and "tma_epilogue" in reason
+    odd = KernelKey("bfloat16", 128, 16, 3)
+    assert "whole tokens" in KernelConfig.parse("queue+overlap+tma_epilogue").unsupported_reason(
+        odd
+    )

@@ -251,6 +251,10 @@ class Epilogue(Enum):
     DIRECT = "direct_epilogue"
     # Through the warpgroup's slice of sQ, then 16-byte row stores.
     STAGED = "staged_epilogue"
+    # Through the warpgroup's slice of sQ, then TMA stores (one box a 64-column chunk) that
+    # drain under the next tile's work; a warpgroup whose rows pass the request's end stores
+    # its pairs directly (a box cannot stop at a packed request's last token).
+    TMA = "tma_epilogue"
 
 
 class Fp8Qk(Enum):
@@ -393,6 +397,12 @@ class KernelConfig:
                 return "'q_prefetch' needs a queue (it takes the next tile mid-tile)"
             if self.epilogue is Epilogue.STAGED:
                 return "'q_prefetch' and 'staged_epilogue' exclude each other (both use sQ)"
+        if self.epilogue is Epilogue.TMA:
+            if self.q_load is not QLoad.CP_ASYNC:
+                # the next tile's Q would land in sQ while O's stores still read it
+                return f"'tma_epilogue' needs Q by cp.async, not {self.q_load.value!r}"
+            if 64 % key.qhead_per_kvhead:
+                return "'tma_epilogue' needs a warpgroup's 64 rows to be whole tokens"
         if self.mma_wgs not in (2, 3):
             return f"mma_wgs={self.mma_wgs} (supported: 2, 3)"
         if self.mma_wgs == 3 and key.head_dim != 64:

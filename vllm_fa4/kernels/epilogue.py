@@ -3,11 +3,14 @@
 Tile row r holds token first_token + r // G and query head kv_head * G + r % G, where
 G = qhead_per_kvhead; rows past the request (or past the tile's tokens) are skipped.
 
-Two ways to write O:
+Three ways to write O:
   direct  - each thread stores its accumulator pairs (32-bit) straight to global memory.
   staged  - each warpgroup writes its bf16/fp16 rows into its own 64-row slice of sQ (only
             that warpgroup's GEMMs ever read that slice, and they have all completed), syncs
             its 128 threads, then re-reads 16-byte vectors along rows and stores them whole.
+  tma     - staged into sQ the same way, then one warp issues TMA stores of the slice (the
+            kernel's `store_boxes`), left in flight; a warpgroup with rows past the request's
+            end stores directly instead (a box cannot stop at a packed request's last token).
 """
 
 import cutlass
@@ -47,6 +50,7 @@ def write_output(
     mSinks=None,  # [Hq] fp32 sink logits (attention sinks), or None
     o_scale=None,  # Float32 factor of every O row (an fp8 cache's v_scale), or None
     on_converted=None,  # the tile probe's mark once O is normalized and converted, or None
+    store_boxes=None,  # `tma_epilogue`: issues the warpgroup's TMA stores from sQ, or None
 ):
     num_rows = cute.size(row_max)
     tile_m, head_dim = cute.size(sQ, mode=[0]), cute.size(sQ, mode=[1])
@@ -75,19 +79,18 @@ def write_output(
             if t < tokens_per_tile and work.first_token + t < work.q_len and oC[0, 0][1] == 0:
                 mLSE[head, tok] = lse[i]
 
-    if cutlass.const_expr(not staged):
-        oR = acc_rows_view(rO)
-        for i in cutlass.range_constexpr(num_rows):
-            t, tok, head = _row_target(work, oC[i, 0][0], qhead_per_kvhead)
-            if t < tokens_per_tile and work.first_token + t < work.q_len:
-                mOrow = mO[tok, head, None]
-                for j in cutlass.range_constexpr(cute.size(oR, mode=[1])):
-                    mOrow[oC[0, j][1]] = oR[i, j]
+    if cutlass.const_expr(store_boxes is not None):
+        if work.first_token + (wg + 1) * (64 // qhead_per_kvhead) <= work.q_len:
+            # Registers -> this warpgroup's rows of sQ, visible to TMA (the async proxy).
+            stage_rows(rO, thr_pv, sQ, wg)
+            if cute.arch.make_warp_uniform(tidx // 32) % 4 == 0:
+                store_boxes()
+        else:
+            store_pairs(work, mO, rO, oC, qhead_per_kvhead, tokens_per_tile)
+    elif cutlass.const_expr(not staged):
+        store_pairs(work, mO, rO, oC, qhead_per_kvhead, tokens_per_tile)
     else:
-        # Registers -> this warpgroup's rows of sQ (accumulator layout, 32-bit smem stores).
-        cute.autovec_copy(rO, thr_pv.partition_C(sQ))
-        cute.arch.fence_view_async_shared()
-        wg_sync(wg)
+        stage_rows(rO, thr_pv, sQ, wg)
         # sQ rows -> global, 16 bytes per thread per step, one row per head_dim/8 threads.
         lanes_per_row = head_dim // 8
         vec_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=128)
@@ -106,3 +109,31 @@ def write_output(
                     cute.copy(vec_atom, tSrc[None, m, k], frag)
                     dst = cute.local_tile(mO[tok, head, None], (8,), (coord[1] // 8,))
                     cute.copy(vec_atom, frag, dst)
+
+
+@cute.jit
+def store_pairs(
+    work,
+    mO: cute.Tensor,
+    rO: cute.Tensor,
+    oC: cute.Tensor,
+    qhead_per_kvhead: cutlass.Constexpr[int],
+    tokens_per_tile: cutlass.Constexpr[int],
+):
+    """Each thread stores its converted accumulator pairs of the rows inside the request."""
+    oR = acc_rows_view(rO)
+    for i in cutlass.range_constexpr(cute.size(oR, mode=[0])):
+        t, tok, head = _row_target(work, oC[i, 0][0], qhead_per_kvhead)
+        if t < tokens_per_tile and work.first_token + t < work.q_len:
+            mOrow = mO[tok, head, None]
+            for j in cutlass.range_constexpr(cute.size(oR, mode=[1])):
+                mOrow[oC[0, j][1]] = oR[i, j]
+
+
+@cute.jit
+def stage_rows(rO: cute.Tensor, thr_pv, sQ: cute.Tensor, wg: Int32):
+    """Registers -> this warpgroup's rows of sQ (accumulator layout, 32-bit smem stores),
+    visible to the warpgroup and to TMA once every thread has passed the barrier."""
+    cute.autovec_copy(rO, thr_pv.partition_C(sQ))
+    cute.arch.fence_view_async_shared()
+    wg_sync(wg)

@@ -134,6 +134,14 @@ class QTmaLoad:
 
 
 @dataclass
+class OTmaStore:
+    """What a consumer warpgroup needs to store O with TMA (`tma_epilogue`)."""
+
+    atom: cute.CopyAtom
+    mO_tma: cute.Tensor  # (G, total_q, D, Hkv) coordinates
+
+
+@dataclass
 class KvPool:
     """The K/V cache pool's runtime sizes the producer's loads need."""
 
@@ -290,6 +298,7 @@ class Sm90PagedPrefill:
         self.wide_box = cfg.kv_box is KvBox.WIDE
         self.pages_ahead = cfg.page_read is PageRead.BLOCK_AHEAD
         self.staged_epilogue = cfg.epilogue is Epilogue.STAGED
+        self.tma_epilogue = cfg.epilogue is Epilogue.TMA
         # `queue_work`: the TileWork fields a tile-queue slot carries after the tile index
         self.queue_work_words = queue_work_words(
             self.queue_work, key.sliding_window, bool(self.shift_keys)
@@ -396,6 +405,31 @@ class Sm90PagedPrefill:
             tma_op, cute.make_tensor(mQ.iterator, view), self.q_box_layout(), box
         )
 
+    def o_boxes_in_tile(self):
+        """(G heads, T tokens, 64 of D, chunk, warpgroup) -> element of sQ (tile_m, D), T = 64 / G:
+        a warpgroup's 64 rows (token r // G, head r % G) of one 64-column chunk are one TMA
+        box (`tma_epilogue`), laid out as q_boxes_in_tile lays out Q's."""
+        g, m = self.qhead_per_kvhead, self.tile_m
+        shape = (g, 64 // g, D_CHUNK, self.head_dim // D_CHUNK, self.cfg.mma_wgs)
+        return cute.make_layout(shape, stride=(1, g, m, m * D_CHUNK, 64))
+
+    def make_o_tma(self, mO: cute.Tensor):
+        """TMA store atom and coordinate tensor of O viewed as (G, total_q, D, Hkv): a box of
+        G heads x 64 / G tokens x 64 columns is one chunk of a warpgroup's rows."""
+        g = self.qhead_per_kvhead
+        s_tok, s_head, s_d = mO.layout.stride
+        view = cute.make_layout(
+            (g, mO.shape[0], mO.shape[2], mO.shape[1] // g),
+            stride=(s_head, s_tok, s_d, s_head * g),
+        )
+        box = (g, 64 // g, D_CHUNK)
+        box_layout = cute.composition(
+            self._smem_layout(64, D_CHUNK), cute.make_layout(box, stride=(1, g, 64))
+        )
+        return cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), cute.make_tensor(mO.iterator, view), box_layout, box
+        )
+
     @cute.jit
     def __call__(
         self,
@@ -449,6 +483,9 @@ class Sm90PagedPrefill:
         tma_atom_Q, mQ_tma = None, None
         if cutlass.const_expr(self.q_tma):
             tma_atom_Q, mQ_tma = self.make_q_tma(mQ, tma_op)
+        tma_atom_O, mO_tma = None, None
+        if cutlass.const_expr(self.tma_epilogue):
+            tma_atom_O, mO_tma = self.make_o_tma(mO)
 
         mma_layout = (self.cfg.mma_wgs, 1, 1)
         tiled_mma_qk = self.qk_mma(self.tile_n)
@@ -488,6 +525,8 @@ class Sm90PagedPrefill:
             tma_atom_V,
             mQ_tma,
             tma_atom_Q,
+            mO_tma,
+            tma_atom_O,
             mK.shape[0],
             kv_boxes_per_block,
             scale_log2,
@@ -523,13 +562,15 @@ class Sm90PagedPrefill:
         mPageTable,
         mWorkTiles,
         mTileCounters,
-        # TMA views and atoms: the K/V pools, Q (q_tma; else None)
+        # TMA views and atoms: the K/V pools, Q (q_tma; else None), O (tma_epilogue; else None)
         mK_tma,
         mV_tma,
         tma_atom_K,
         tma_atom_V,
         mQ_tma,
         tma_atom_Q,
+        mO_tma,
+        tma_atom_O,
         # scalars; the model features' operands are None where the key has none
         num_blocks: Int32,
         kv_boxes_per_block,  # `wide_box`: slot boxes per cache block (else None)
@@ -554,6 +595,8 @@ class Sm90PagedPrefill:
             cpasync.prefetch_descriptor(tma_atom_V)
             if cutlass.const_expr(tma_atom_Q is not None):
                 cpasync.prefetch_descriptor(tma_atom_Q)
+            if cutlass.const_expr(tma_atom_O is not None):
+                cpasync.prefetch_descriptor(tma_atom_O)
 
         storage = cutlass_utils.SmemAllocator().allocate(self.storage_cls)
         # K and V ride separate pipelines so S = QK^T can start before V lands: TMA ones,
@@ -675,9 +718,13 @@ class Sm90PagedPrefill:
             consume = self.consume
             if cutlass.const_expr(self.q_tma):
                 consume = partial(consume, q_empty=q_empty)
+            if cutlass.const_expr(self.tma_epilogue):
+                consume = partial(consume, o_tma=OTmaStore(tma_atom_O, mO_tma))
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             walk = self.tile_walk()
             walk(consume, cons_args, state, tile_args, first_tile, queue, False)
+            if cutlass.const_expr(self.tma_epilogue):
+                cute.arch.cp_async_bulk_wait_group(0, read=True)  # sQ outlives O's last stores
 
     def make_tma_pipelines(self, mbar_k, mbar_v, consumers):
         """K's and V's TMA pipelines over the load ring (transaction bytes of a cache tile)."""
@@ -1189,7 +1236,10 @@ class Sm90PagedPrefill:
         rows past the request are skipped (their S/O rows are garbage but never stored, and
         rows never mix)."""
         if cutlass.const_expr(self.cfg.persistent):
-            wg_sync(wg)  # the WG's last reads of sQ (GEMMs, staged epilogue) are done
+            if cutlass.const_expr(self.tma_epilogue):
+                # the previous tile's O boxes have left sQ (the issuing thread waits)
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            wg_sync(wg)  # the WG's last reads of sQ (GEMMs, staged or TMA epilogue) are done
         atom = cute.make_copy_atom(cpasync.CopyG2SOp(), self.dtype, num_bits_per_copy=128)
         thr_copy = self.q_rows_copy(atom, tidx)
         sQw = cute.local_tile(sQ, (64, self.head_dim), (wg, 0))
@@ -1407,6 +1457,7 @@ class Sm90PagedPrefill:
         tile_args=None,
         q_empty=None,
         q_stage: cutlass.Constexpr[int] = 0,
+        o_tma=None,
     ):
         """One tile: Q load, all KV blocks, epilogue; returns the advanced pipeline state.
 
@@ -1415,7 +1466,8 @@ class Sm90PagedPrefill:
         (state, next tile, queue state). With `q_tma` the producer loaded Q into stage
         `q_stage` (a compile-time constant: a runtime stage index costs the block loop its
         uniform-register descriptors) on the first K's mbarrier; the tile frees the stage
-        after its last Q K^T."""
+        after its last Q K^T. With `tma_epilogue` (`o_tma`) O's boxes are left in flight from
+        sQ; the next tile's Q copies wait for them."""
         mQ, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v = args[:10]
         mSinks, window_left, softcap_prescale, scale_log2, tidx = args[10:15]
         wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -1535,7 +1587,9 @@ class Sm90PagedPrefill:
         if cutlass.const_expr(clock is not None):
             self.phase_mark(clock, 3)
             converted = partial(self.phase_mark, clock, 4)
-        self.epilogue(work, out, g, row_max, row_sum, scale_log2, tidx, wg, args.o_scale, converted)
+        self.epilogue(
+            work, out, g, row_max, row_sum, scale_log2, tidx, wg, args.o_scale, converted, o_tma
+        )
         if cutlass.const_expr(clock is not None):
             self.phase_mark(clock, 5)
             self.phase_sums_add(clock, args.probe_rows, tidx)
@@ -1624,11 +1678,15 @@ class Sm90PagedPrefill:
         wg: Int32,
         o_scale=None,
         on_converted=None,
+        o_tma=None,
     ):
         """Normalize O (times `o_scale`, an fp8 cache's v_scale) and write it (and the LSE);
         `out` = (mO, mLSE, mSinks, sQ); `on_converted`: the tile probe's mark between the
-        two."""
+        two; `o_tma`: O's TMA store (`tma_epilogue`)."""
         mO, mLSE, mSinks, sQ = out
+        store_boxes = None
+        if cutlass.const_expr(o_tma is not None):
+            store_boxes = partial(self.issue_o_boxes, work, o_tma, sQ, wg)
         write_output(
             work,
             mO,
@@ -1649,7 +1707,28 @@ class Sm90PagedPrefill:
             mSinks,
             o_scale,
             on_converted,
+            store_boxes,
         )
+
+    @cute.jit
+    def issue_o_boxes(self, work, o_tma: OTmaStore, sQ: cute.Tensor, wg: Int32):
+        """`tma_epilogue`: TMA stores of warpgroup `wg`'s staged rows of O (one box a 64-column
+        chunk; call from one warp), committed as one bulk group that is not waited for."""
+        g, t = self.qhead_per_kvhead, 64 // self.qhead_per_kvhead
+        tok0 = work.q_start + work.first_token + wg * t
+        gO = cute.domain_offset((0, tok0, 0), o_tma.mO_tma[None, None, None, work.kv_head])
+        gO = cute.local_tile(gO, (g, t, D_CHUNK), (0, 0, None))  # (G, T, 64, chunk)
+        sOb = cute.composition(sQ, self.o_boxes_in_tile())  # (G, T, 64, chunk, wg)
+        tOs, tOg = cpasync.tma_partition(
+            o_tma.atom,
+            0,
+            cute.make_layout(1),
+            cute.group_modes(sOb, 0, 3),
+            cute.group_modes(gO, 0, 3),
+        )
+        for c in cutlass.range_constexpr(self.head_dim // D_CHUNK):
+            cute.copy(o_tma.atom, tOs[None, c, wg], tOg[None, c])
+        cute.arch.cp_async_bulk_commit_group()
 
     @cute.jit
     def first_softmax(self, acc_S, n_block, softmax_args):
