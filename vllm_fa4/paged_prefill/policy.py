@@ -49,6 +49,17 @@ WINDOW_128_LONG_PAGE = "queue_with_work+pv_wait_mid+q_tma+v_warp"
 # (head dim, sliding window, page >= LONG_BATCH_MIN_PAGE) -> (long batches, short batches).
 # The numbers below were measured with lazy_max's old margin of 2^8; since 2026-11-26 the max
 # moves on any rise (issue 27, FA3's accuracy), 0-5.5 % slower (docs/perf-notes.md).
+# Head dim 256's short batches store O by TMA (`tma_epilogue`): staged in the warpgroup's rows
+# of sQ, the stores left in flight under the next tile. Writing 64 KB of O from registers cost
+# a tile 3.1-3.9 us (the LSU's global queue full: ncu lg_throttle), 2.1-2.4 us staged, the
+# equal of 2-3 key blocks; short tiles visit 4-16 blocks (2026-11-28, session 25, H200,
+# Gemma-2-9B heads, 512x32 and 1kx16 over `queue+overlap`, two runs each: page 16 +15.7/+16.0
+# and +6.0/+9.6 %, page 128 +19.3/+16.7 and +8.6/+9.1 %, cap 50 page 16 +15.4/+15.1 and
+# +8.2/+8.6 %; cap 50 page 128, the 4k window with cap 50 and the FP8 cache +7.0 to +16.5 %).
+# Long batches keep their picks: the staging's shared-memory traffic slows the other
+# warpgroup's GEMMs (the block loop +1 to +5 %), -4 to +4 % over them.
+HD256_SHORT = "queue+overlap+tma_epilogue"
+
 TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # Head dim 64: three consumer warpgroups (192-row tiles) for every batch and page, where
     # two cannot hide one's softmax under the other's GEMMs (2026-11-24: Llama-3.2-1B shape
@@ -126,8 +137,8 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # 16 in two runs (session 20, H100, 4k window; sanitized in session 21); pages 32 and 64
     # take it unmeasured. Without the window the same step made +0.6 to +3.1 % over the row's
     # `overlap_free` pick in two runs (sessions 20-21): short of the +2 % rule, not taken.
-    (256, False, False): ("queue+overlap_free+lazy_max+pages_ahead", "queue+overlap"),
-    (256, True, False): ("queue+pv_wait_mid+lazy_max+pages_ahead", "queue+overlap"),
+    (256, False, False): ("queue+overlap_free+lazy_max+pages_ahead", HD256_SHORT),
+    (256, True, False): ("queue+pv_wait_mid+lazy_max+pages_ahead", HD256_SHORT),
     # Head dim 256 at page 128 (session 3): long batches one tile per CTA (0-3 % ahead on 16k
     # and chunks after 64k), short ones the persistent grid (the CTA start-up paid once per
     # SM lifts 512x32 from 0.85 to 0.99). Without turns (`one_per_cta+overlap_free`, H200, cap
@@ -139,8 +150,8 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # (2026-11-28, session 20, H100: +0.8 to +3.9 % over `one_per_cta+overlap` in 8 of 8 over
     # two runs, no cap +0.6 to +4.3 % in one; 4kx4 0.99-1.01 -> 1.01x paged FA3); the P V
     # wait without lazy_max lost 1.2-3.2 % (session 19), lazy_max without it 1.7-2.4 %.
-    (256, False, True): ("one_per_cta+pv_wait_mid+lazy_max", "queue+overlap"),
-    (256, True, True): ("one_per_cta+pv_wait_mid+lazy_max", "queue+overlap"),
+    (256, False, True): ("one_per_cta+pv_wait_mid+lazy_max", HD256_SHORT),
+    (256, True, True): ("one_per_cta+pv_wait_mid+lazy_max", HD256_SHORT),
 }
 
 # The same rows for an FP8 cache (issue 30; fp8_kv.py), unmeasured: the 16-bit picks without
@@ -182,16 +193,16 @@ FP8_TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # overlap_free (the 16-bit pick above) on an FP8 cache: -4.5 to +0.4 % (H200), the turns stay.
     # Pages ahead at page 16: -0.5 to +2.2 %, the P V wait with them -4.2 to +0.4 % (session 21,
     # H100, with and without cap 50): the converters bind, neither taken.
-    (256, False, False): ("queue+overlap+lazy_max", "queue+overlap"),
+    (256, False, False): ("queue+overlap+lazy_max", HD256_SHORT),
     # Page 128: session 3's pick; the 16-bit row's P V wait on FP8: -3.2 to +3.3 % in three
     # runs (session 19, H100), not taken; with a window unmeasured on FP8, so session 3's too.
-    (256, False, True): ("one_per_cta+overlap", "queue+overlap"),
-    (256, True, True): ("one_per_cta+overlap", "queue+overlap"),
+    (256, False, True): ("one_per_cta+overlap", HD256_SHORT),
+    (256, True, True): ("one_per_cta+overlap", HD256_SHORT),
     # With a window below page 128: the 16-bit row's pick, the P V wait with lazy_max and
     # pages ahead (session 21, H100, Gemma-2-9B heads, 4k window, page 16, over `queue+overlap`,
     # two runs each: no cap +1.3 to +5.2 %, cap 50 +1.4 to +4.4 %, 16 of 16 positive; the
     # global layers' FP8 row gained nothing from it, above).
-    (256, True, False): ("queue+pv_wait_mid+lazy_max+pages_ahead", "queue+overlap"),
+    (256, True, False): ("queue+pv_wait_mid+lazy_max+pages_ahead", HD256_SHORT),
 }
 
 # FP8 head dim 128, long batches of a bfloat16 model, over FP8_TABLE's row: S = Q K^T on FP8
