@@ -31,7 +31,7 @@ def _every_key():
         SUPPORTED_DTYPES,
         SUPPORTED_HEAD_DIMS,
         SUPPORTED_PAGE_SIZES,
-        (1, 2, 4, 8, 16, 32, 64, 128),
+        (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128),  # 3, 6, 12: tma_epilogue's boxes cannot
         (False, True),
         (False, True),
         (False, True),
@@ -52,6 +52,18 @@ def test_served_configs_cover_every_supported_key():
     }
     assert not missed, f"serving picks not among testing.variants.served_configs: {missed}"
     assert all(key in representative_keys() for key, _ in served_configs())
+
+
+def test_every_served_config_builds_its_key():
+    """A pick the kernel cannot build for a key would refuse the model at startup (or, chosen
+    per batch, fail mid-request): e.g. tma_epilogue at a GQA group that does not divide 64."""
+    unbuildable = {
+        (str(key), config.spec, config.unsupported_reason(key))
+        for key in _every_key()
+        for config in serving_configs(key).all
+        if config.unsupported_reason(key) is not None
+    }
+    assert not unbuildable
 
 
 def test_served_configs_include_the_defaults_the_hand_list_missed():

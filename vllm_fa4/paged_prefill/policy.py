@@ -12,11 +12,12 @@ instead (``configured_config``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vllm_fa4 import envs
 from vllm_fa4.kernels.config import (
     DEFAULT_CONFIG,
+    Epilogue,
     KernelConfig,
     KernelKey,
     TileGeometry,
@@ -299,7 +300,15 @@ def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> Servin
     if not key.fp8_kv:
         by_page = (key.head_dim, key.sliding_window, key.page_size, key.softcap)
         long = _PARSED_BY_PAGE.get(by_page, long)
-    return ServingConfigs(long=long, short=short)
+    return ServingConfigs(long=_fit_group(long, key), short=_fit_group(short, key))
+
+
+def _fit_group(config: KernelConfig, key: KernelKey) -> KernelConfig:
+    """``config`` with O stored directly where its TMA boxes cannot hold ``key``'s GQA group
+    (`tma_epilogue` needs a warpgroup's 64 rows to be whole tokens: 64 % group == 0)."""
+    if config.epilogue is Epilogue.TMA and 64 % key.qhead_per_kvhead:
+        return replace(config, epilogue=Epilogue.DIRECT)
+    return config
 
 
 def unreviewed_config_warning(key: KernelKey, fixed: KernelConfig | None) -> str | None:

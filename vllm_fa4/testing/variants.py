@@ -92,7 +92,8 @@ def representative_keys() -> tuple[KernelKey, ...]:
     supported key): each head dim at page 16 and at LONG_BATCH_MIN_PAGE, with and without a
     window, with a 16-bit and an FP8 cache, one key per row of LONG_BY_PAGE (a page size
     and soft cap of its own; the picks depend on nothing else) and an fp16 model's FP8 key per
-    row of FP8_BF16_LONG (fp16 keeps the converted pick)."""
+    row of FP8_BF16_LONG (fp16 keeps the converted pick), and head dim 256 at a GQA group
+    that does not divide 64 (its short pick then stores O directly, policy._fit_group)."""
     table_rows = tuple(
         KernelKey("bfloat16", head_dim, page, 4, sliding_window=window, kv_dtype=kv)
         for kv in (None, FP8_E4M3)
@@ -115,7 +116,8 @@ def representative_keys() -> tuple[KernelKey, ...]:
         )
         for head_dim, window, long_page in FP8_BF16_LONG
     )
-    return table_rows + by_page + fp16_fp8
+    odd_group = tuple(KernelKey("bfloat16", 256, 16, 3, kv_dtype=kv) for kv in (None, FP8_E4M3))
+    return table_rows + by_page + fp16_fp8 + odd_group
 
 
 def served_configs() -> tuple[tuple[KernelKey, KernelConfig], ...]:
