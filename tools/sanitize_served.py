@@ -109,6 +109,9 @@ SHAPES = (
     # Head dim 256 with a window and no cap below page 128 (Gemma-3-12B's 1k-window local
     # layers): the table's own row, not the capped key's 80-key blocks.
     Shape("bfloat16", 256, 16, 16, 8, window=1023),
+    # A GQA group of 3 at head dim 256: its short pick stores O directly (TMA boxes need a
+    # warpgroup's 64 rows to be whole tokens; policy._fit_group).
+    Shape("bfloat16", 256, 16, 12, 4),
     Shape("bfloat16", 256, 128, 16, 8, softcap=50.0),  # Gemma 2 global layers
     # Windows at page 128 (--block-size 128): rows of their own in policy.TABLE.
     Shape("bfloat16", 64, 128, 64, 8, window=127, sinks=True),
@@ -138,6 +141,7 @@ SHAPES = (
     # Gemma 2 global layers at page 128: one_per_cta (converters without a queue), boxes of
     # half a page (tile_n 64).
     Shape("bfloat16", 256, 128, 16, 8, softcap=50.0, kv_dtype=FP8),
+    Shape("bfloat16", 256, 16, 12, 4, kv_dtype=FP8),  # group 3: the short pick stores directly
     # Page 128 at head dim 64 and the windows at page 128: FP8_TABLE's rows of their own.
     Shape("bfloat16", 64, 128, 32, 8, kv_dtype=FP8),
     Shape("bfloat16", 64, 128, 64, 8, window=127, sinks=True, kv_dtype=FP8),

@@ -52,13 +52,13 @@ WINDOW_128_LONG_PAGE = "queue_with_work+pv_wait_mid+q_tma+v_warp"
 # moves on any rise (issue 27, FA3's accuracy), 0-5.5 % slower (docs/perf-notes.md).
 # Head dim 256's short batches store O by TMA (`tma_epilogue`): staged in the warpgroup's rows
 # of sQ, the stores left in flight under the next tile. Writing 64 KB of O from registers cost
-# a tile 3.1-3.9 us (the LSU's global queue full: ncu lg_throttle), 2.1-2.4 us staged, the
-# equal of 2-3 key blocks; short tiles visit 4-16 blocks (2026-11-28, session 25, H200,
-# Gemma-2-9B heads, 512x32 and 1kx16 over `queue+overlap`, two runs each: page 16 +15.7/+16.0
-# and +6.0/+9.6 %, page 128 +19.3/+16.7 and +8.6/+9.1 %, cap 50 page 16 +15.4/+15.1 and
-# +8.2/+8.6 %; cap 50 page 128, the 4k window with cap 50 and the FP8 cache +7.0 to +16.5 %).
-# Long batches keep their picks: the staging's shared-memory traffic slows the other
-# warpgroup's GEMMs (the block loop +1 to +5 %), -4 to +4 % over them.
+# a tile 3.4-3.8 us (the LSU's global queue full: ncu lg_throttle), 1.4-1.9 us staged, where a
+# short tile visits 4-9 key blocks of 1.4-1.6 us (2026-11-28, session 25, H200, Gemma-2-9B
+# heads, 512x32 and 1kx16 over `queue+overlap`, two runs each: +11.4 to +19.3 % and +4.8 to
+# +9.7 % over no cap and cap 50, pages 16 and 128, the 4k window with cap 50 at page 16, and
+# the FP8 cache at page 16; FP8 page 128 one run, +11.8 and +6.9 %). Long batches keep their
+# picks: the staging and the store's reads take shared-memory bandwidth from the other
+# warpgroup's Q K^T (the block loop 2-8 % slower a block), -4.1 to +0.3 % at page 16.
 HD256_SHORT = "queue+overlap+tma_epilogue"
 
 TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
