@@ -250,3 +250,21 @@ def test_fp8_pool_without_the_kernel_is_the_16_bit_pool(harness, monkeypatch):
     assert all(s.kv_dtype is None for s in shapes)
     monkeypatch.setattr(fuzz, "FP8_KV_ONE_IN", 10**9)
     assert shapes == fuzz.run_shapes(11, 900, accept)
+
+
+def test_each_worker_keeps_a_share_of_the_gpu_cached(harness):
+    """Eight workers each keeping 24 GB cached overfill a 141 GB H200 (seed 91 ran two batches
+    out of memory that way); the share shrinks with the worker count, capped at 24 GB."""
+    h200 = 141 << 30
+    assert harness._kept_cache_bytes(h200, 1) == 24 << 30
+    assert harness._kept_cache_bytes(h200, 8) * 8 <= h200 // 2
+    assert harness._kept_cache_bytes(h200, 0) == 24 << 30
+
+
+def test_only_an_out_of_memory_exception_is_retried(harness):
+    oom = harness.FuzzFailure("exception", "OutOfMemoryError: CUDA out of memory. Tried ...")
+    assert harness._out_of_memory(oom)
+    assert not harness._out_of_memory(None)
+    assert not harness._out_of_memory(harness.FuzzFailure("exception", "RuntimeError: boom"))
+    # a wrong output mentioning memory is a finding, never retried
+    assert not harness._out_of_memory(harness.FuzzFailure("max_error", "OutOfMemoryError"))
