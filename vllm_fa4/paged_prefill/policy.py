@@ -52,7 +52,7 @@ WINDOW_128_LONG_PAGE = "queue_with_work+pv_wait_mid+q_tma+v_warp"
 # moves on any rise (issue 27, FA3's accuracy), 0-5.5 % slower (docs/perf-notes.md).
 # Head dim 256's short batches store O by TMA (`tma_epilogue`): staged in the warpgroup's rows
 # of sQ, the stores left in flight under the next tile. Writing 64 KB of O from registers cost
-# a tile 3.4-3.8 us (the LSU's global queue full: ncu lg_throttle), 1.4-1.9 us staged, where a
+# a tile 3.1-3.8 us (the LSU's global queue full: ncu lg_throttle), 1.4-1.9 us staged, where a
 # short tile visits 4-9 key blocks of 1.4-1.6 us (2026-11-28, session 25, H200, Gemma-2-9B
 # heads, 512x32 and 1kx16 over `queue+overlap`, two runs each: +11.4 to +19.3 % and +4.8 to
 # +9.7 % over no cap and cap 50, pages 16 and 128, the 4k window with cap 50 at page 16, and
