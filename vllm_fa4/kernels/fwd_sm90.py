@@ -391,19 +391,22 @@ class Sm90PagedPrefill:
         box = cute.select(self.q_boxes_in_tile(), mode=[0, 1, 2])
         return cute.composition(self._smem_layout(self.tile_m, D_CHUNK), box)
 
+    def grouped_rows(self, mX: cute.Tensor) -> cute.Tensor:
+        """Q or O ([total_q, Hq, D]) viewed as (G, total_q, D, Hkv): a KV head's G query heads
+        side by side, as a packed M tile holds them (the TMA view of `q_tma`, `tma_epilogue`)."""
+        g = self.qhead_per_kvhead
+        s_tok, s_head, s_d = mX.layout.stride
+        view = cute.make_layout(
+            (g, mX.shape[0], mX.shape[2], mX.shape[1] // g),
+            stride=(s_head, s_tok, s_d, s_head * g),
+        )
+        return cute.make_tensor(mX.iterator, view)
+
     def make_q_tma(self, mQ: cute.Tensor, tma_op):
         """TMA atom and coordinate tensor of Q viewed as (G, total_q, D, Hkv): a box of G
         heads x T tokens x 64 columns is one 64-column chunk of a packed M tile."""
-        g = self.qhead_per_kvhead
-        s_tok, s_head, s_d = mQ.layout.stride
-        view = cute.make_layout(
-            (g, mQ.shape[0], mQ.shape[2], mQ.shape[1] // g),
-            stride=(s_head, s_tok, s_d, s_head * g),
-        )
-        box = (g, self.tokens_per_tile, D_CHUNK)
-        return cpasync.make_tiled_tma_atom(
-            tma_op, cute.make_tensor(mQ.iterator, view), self.q_box_layout(), box
-        )
+        box = (self.qhead_per_kvhead, self.tokens_per_tile, D_CHUNK)
+        return cpasync.make_tiled_tma_atom(tma_op, self.grouped_rows(mQ), self.q_box_layout(), box)
 
     def o_boxes_in_tile(self):
         """(G heads, T tokens, 64 of D, chunk, warpgroup) -> element of sQ (tile_m, D), T = 64 / G:
@@ -417,17 +420,27 @@ class Sm90PagedPrefill:
         """TMA store atom and coordinate tensor of O viewed as (G, total_q, D, Hkv): a box of
         G heads x 64 / G tokens x 64 columns is one chunk of a warpgroup's rows."""
         g = self.qhead_per_kvhead
-        s_tok, s_head, s_d = mO.layout.stride
-        view = cute.make_layout(
-            (g, mO.shape[0], mO.shape[2], mO.shape[1] // g),
-            stride=(s_head, s_tok, s_d, s_head * g),
-        )
         box = (g, 64 // g, D_CHUNK)
         box_layout = cute.composition(
             self._smem_layout(64, D_CHUNK), cute.make_layout(box, stride=(1, g, 64))
         )
         return cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileS2GOp(), cute.make_tensor(mO.iterator, view), box_layout, box
+            cpasync.CopyBulkTensorTileS2GOp(), self.grouped_rows(mO), box_layout, box
+        )
+
+    def box_partition(self, atom, mX_tma, s_boxes, work, tok0, tokens: int):
+        """(shared, global) TMA partitions of a tile's boxes of `tokens` tokens from packed
+        token `tok0` of its KV head; `s_boxes` maps (G, tokens, 64 of D, chunk, ...) into
+        shared memory. Each side is (box, chunk[, ...])."""
+        g = self.qhead_per_kvhead
+        gX = cute.domain_offset((0, tok0, 0), mX_tma[None, None, None, work.kv_head])
+        gX = cute.local_tile(gX, (g, tokens, D_CHUNK), (0, 0, None))  # (G, T, 64, chunk)
+        return cpasync.tma_partition(
+            atom,
+            0,
+            cute.make_layout(1),
+            cute.group_modes(s_boxes, 0, 3),
+            cute.group_modes(gX, 0, 3),
         )
 
     @cute.jit
@@ -1202,16 +1215,8 @@ class Sm90PagedPrefill:
                 q_bytes = g * t * self.head_dim * (self.dtype.width // 8)
                 cute.arch.mbarrier_expect_tx(mbar, q_bytes)
             tok0 = work.q_start + work.first_token
-            gQ = cute.domain_offset((0, tok0, 0), q_load.mQ_tma[None, None, None, work.kv_head])
-            gQ = cute.local_tile(gQ, (g, t, D_CHUNK), (0, 0, None))  # (G, T, 64, chunk)
             sQb = cute.composition(q_load.sQ, self.q_boxes_in_tile())  # (G, T, 64, chunk, stage)
-            tQs, tQg = cpasync.tma_partition(
-                q_load.atom,
-                0,
-                cute.make_layout(1),
-                cute.group_modes(sQb, 0, 3),
-                cute.group_modes(gQ, 0, 3),
-            )
+            tQs, tQg = self.box_partition(q_load.atom, q_load.mQ_tma, sQb, work, tok0, t)
             for c in cutlass.range_constexpr(self.head_dim // D_CHUNK):
                 cute.copy(q_load.atom, tQg[None, c], tQs[None, c, q_index], tma_bar_ptr=mbar)
 
@@ -1714,18 +1719,10 @@ class Sm90PagedPrefill:
     def issue_o_boxes(self, work, o_tma: OTmaStore, sQ: cute.Tensor, wg: Int32):
         """`tma_epilogue`: TMA stores of warpgroup `wg`'s staged rows of O (one box a 64-column
         chunk; call from one warp), committed as one bulk group that is not waited for."""
-        g, t = self.qhead_per_kvhead, 64 // self.qhead_per_kvhead
+        t = 64 // self.qhead_per_kvhead
         tok0 = work.q_start + work.first_token + wg * t
-        gO = cute.domain_offset((0, tok0, 0), o_tma.mO_tma[None, None, None, work.kv_head])
-        gO = cute.local_tile(gO, (g, t, D_CHUNK), (0, 0, None))  # (G, T, 64, chunk)
         sOb = cute.composition(sQ, self.o_boxes_in_tile())  # (G, T, 64, chunk, wg)
-        tOs, tOg = cpasync.tma_partition(
-            o_tma.atom,
-            0,
-            cute.make_layout(1),
-            cute.group_modes(sOb, 0, 3),
-            cute.group_modes(gO, 0, 3),
-        )
+        tOs, tOg = self.box_partition(o_tma.atom, o_tma.mO_tma, sOb, work, tok0, t)
         for c in cutlass.range_constexpr(self.head_dim // D_CHUNK):
             cute.copy(o_tma.atom, tOs[None, c, wg], tOg[None, c])
         cute.arch.cp_async_bulk_commit_group()
