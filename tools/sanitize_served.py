@@ -103,9 +103,11 @@ SHAPES = (
     Shape("bfloat16", 64, 16, 64, 8, sinks=True),  # gpt-oss global layers
     Shape("bfloat16", 256, 16, 16, 8, window=4095, softcap=50.0),  # Gemma 2 local layers
     Shape("bfloat16", 256, 16, 16, 8, softcap=50.0),  # Gemma 2 global layers at page 16
-    # Head dim 256 at page 16 without a cap: the table's long pick (the capped key's long
-    # batches take 80-key blocks, policy.LONG_BY_PAGE).
+    # Head dim 256 at page 16 without a cap: 80-key blocks with O stored by TMA for long
+    # batches (policy.LONG_BY_PAGE; the capped key's without the TMA store); at pages 32 and
+    # 64 the table's own long pick.
     Shape("bfloat16", 256, 16, 16, 8),
+    Shape("bfloat16", 256, 32, 16, 8),
     # Head dim 256 with a window and no cap below page 128 (Gemma-3-12B's 1k-window local
     # layers): the table's own row, not the capped key's 80-key blocks.
     Shape("bfloat16", 256, 16, 16, 8, window=1023),

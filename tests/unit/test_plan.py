@@ -44,8 +44,9 @@ def _plan(
     )
 
 
-def _brute_force(specs, hkv, d, qpk, mma_wgs=2):
-    geometry = tile_geometry(KernelKey("bfloat16", d, 16, qpk), mma_wgs)
+def _brute_force(specs, hkv, d, qpk, mma_wgs=2, geometry=None):
+    """Every work tile's K/V tile count; ``geometry``: the plan's (else the key's default)."""
+    geometry = geometry or tile_geometry(KernelKey("bfloat16", d, 16, qpk), mma_wgs)
     tpt, tile_n = geometry.tokens_per_tile, geometry.tile_n
     tiles = {}
     for b, (q_len, k_len) in enumerate(specs):
@@ -66,7 +67,7 @@ SPECS = [(5, 40), (0, 7), (300, 300), (1, 130), (700, 3000), (129, 129), (64, 50
 def test_work_list_is_brute_force_lpt(hq, hkv, d):
     plan = _plan(SPECS, hq, hkv, d, l2_section_bytes=None)
     rows = plan.work_tiles_cpu.tolist()
-    expect = _brute_force(SPECS, hkv, d, hq // hkv, plan.config.mma_wgs)
+    expect = _brute_force(SPECS, hkv, d, hq // hkv, geometry=plan.geometry)
     got = {(b, h, m): c for b, h, m, c in rows}
     assert len(got) == len(rows), "a tile appears twice"
     assert got == expect, "tiles or costs differ from the brute-force enumeration"
@@ -337,7 +338,8 @@ def test_plan_uses_sections_and_picks_the_config_per_batch():
                 assert plan.config == configs.long
             plan = _plan(short_batch, d=d, page=page)
             assert plan.config == configs.short
-            assert plan.geometry == configs.geometry(plan.key)
+            # a short pick with another N tile is tiled again with its own (plan.py)
+            assert plan.geometry == configs.short.geometry(plan.key)
             assert plan.geometry.tile_m == (192 if d == 64 else 128)
             picked_both |= configs.long != configs.short
     assert picked_both  # some key's batches really are picked between two configs

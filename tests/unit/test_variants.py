@@ -15,6 +15,7 @@ from vllm_fa4.kernels.config import (
     SUPPORTED_KV_DTYPES,
     SUPPORTED_PAGE_SIZES,
     BlockStep,
+    Epilogue,
     KernelConfig,
     KernelKey,
     KvBox,
@@ -123,7 +124,8 @@ def test_block_n_80_is_the_long_pick_of_gemma_2s_capped_page_16_keys_only():
     """LONG_BY_PAGE: 80-key blocks for long batches of head dim 256 with a soft cap at page 16,
     16-bit caches, the global layers and (since session 20) the local layers on one pick: the
     P V wait mid-softmax with lazy_max, page-table entries read a block ahead (session 14);
-    short batches, other pages, no cap and FP8 keep the table's row."""
+    short batches, other pages, the uncapped local layers and FP8 keep the table's row (the
+    uncapped global layers: the next test)."""
     bn80 = KernelConfig.parse("queue+pv_wait_mid+lazy_max+block_n=80+pages_ahead")
     gemma = KernelKey.for_layer("bfloat16", 256, 16, 16, 8, softcap=True)
     picks = serving_configs(gemma)
@@ -133,7 +135,6 @@ def test_block_n_80_is_the_long_pick_of_gemma_2s_capped_page_16_keys_only():
     assert serving_configs(local).long == bn80
     assert serving_configs(local).short.block_n == 0
     for other in (
-        dataclasses.replace(gemma, softcap=False),
         dataclasses.replace(local, softcap=False),
         dataclasses.replace(gemma, page_size=32),
         dataclasses.replace(gemma, page_size=128),
@@ -145,6 +146,29 @@ def test_block_n_80_is_the_long_pick_of_gemma_2s_capped_page_16_keys_only():
     for dtype in ("bfloat16", "float16"):
         key = dataclasses.replace(gemma, dtype=dtype)
         assert serving_configs(key).long == bn80 and bn80.unsupported_reason(key) is None
+
+
+def test_head_dim_256_uncapped_page_16_long_batches_store_o_by_tma():
+    """Session 26: the uncapped global layers' long batches at page 16 run the capped key's
+    pick with O stored by TMA; their short batches keep HD256_SHORT; other pages, the window,
+    FP8 and GQA groups that do not divide 64 (O stored directly there) do not."""
+    key = KernelKey.for_layer("bfloat16", 256, 16, 16, 8)
+    picks = serving_configs(key)
+    want = KernelConfig.parse("queue+pv_wait_mid+lazy_max+block_n=80+pages_ahead+tma_epilogue")
+    assert picks.long == want and want.unsupported_reason(key) is None
+    assert picks.short == KernelConfig.parse("queue+overlap+tma_epilogue")
+    assert picks.geometry(key).tile_n == 80
+    capped = serving_configs(dataclasses.replace(key, softcap=True)).long
+    assert capped.epilogue is Epilogue.DIRECT and capped.block_n == 80
+    for other in (
+        dataclasses.replace(key, page_size=32),
+        dataclasses.replace(key, page_size=128),
+        dataclasses.replace(key, sliding_window=True),
+        dataclasses.replace(key, kv_dtype="float8_e4m3fn"),
+    ):
+        assert serving_configs(other).long != want, other
+    group3 = KernelKey.for_layer("bfloat16", 256, 16, 12, 4)
+    assert serving_configs(group3).long == dataclasses.replace(want, epilogue=Epilogue.DIRECT)
 
 
 def test_head_dim_256_global_layers_read_pages_ahead_on_16_bit_caches_only():

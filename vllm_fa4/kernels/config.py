@@ -320,7 +320,8 @@ class KernelConfig:
     # five pages a block, FA3's block there; Q K^T's m64n64k16 wgmmas read 128 B of shared
     # memory a clock, m64n80k16 112 (session 8). Served for long batches with a soft cap,
     # with and without a window (policy.LONG_BY_PAGE: +1.7 to +7.2 % on the H100); without
-    # a cap it lost (sessions 9 and 10).
+    # a cap it lost on the turns' step (sessions 9 and 10) and is served with the P V wait
+    # and the TMA store (sessions 25-26, H200, +1.7 to +3.8 % at 4k-16k).
     block_n: int = 0
     # Test-only instrumentation, never spelled (TileProbe).
     tile_probe: TileProbe = TileProbe.NONE

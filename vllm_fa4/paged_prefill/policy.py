@@ -137,7 +137,8 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # the P V wait with lazy_max and pages ahead, +3.6 to +7.6 % over `queue+overlap` at page
     # 16 in two runs (session 20, H100, 4k window; sanitized in session 21); pages 32 and 64
     # take it unmeasured. Without the window the same step made +0.6 to +3.1 % over the row's
-    # `overlap_free` pick in two runs (sessions 20-21): short of the +2 % rule, not taken.
+    # `overlap_free` pick in two runs (sessions 20-21): short of the +2 % rule, not taken;
+    # page 16 without the cap takes it with 80-key blocks and the TMA store (LONG_BY_PAGE).
     (256, False, False): ("queue+overlap_free+lazy_max+pages_ahead", HD256_SHORT),
     (256, True, False): ("queue+pv_wait_mid+lazy_max+pages_ahead", HD256_SHORT),
     # Head dim 256 at page 128 (session 3): long batches one tile per CTA (0-3 % ahead on 16k
@@ -223,7 +224,8 @@ FP8_BF16_LONG: dict[tuple[int, bool, bool], str] = {
 # Head dim 256 with a soft cap (Gemma 2's global layers) at page 16: 80-key blocks, five pages
 # a block, where Q K^T's 64-key wgmmas wait on shared memory (2026-11-27, session 9, H100,
 # cap 50, 4k-16k and 2k after 64k: +3.6 to +7.2 %). Without the cap -3.4 to +1.2 % and short
-# batches -3 to -4 %, so only the capped rows, long batches only; the plan tiles a short batch
+# batches -3 to -4 % then (on the turns' step; the uncapped key's row below has the P V wait
+# and the TMA store), so long batches only; the plan tiles a short batch
 # again with its own 64-key blocks (plan.py). With the 4k window too (Gemma 2's local layers),
 # on the row's own step with turns: +0.5 to +6 % and +3.2 to +6.3 % in two H100 runs (sessions
 # 9 and 10). The global layers wait for P V mid-softmax, so O's rescale runs under the next
@@ -236,8 +238,16 @@ FP8_BF16_LONG: dict[tuple[int, bool, bool], str] = {
 # +8.4 % in 9 of 9); the local layers gained nothing from it alone (-2.1 to +0.4 %) but do
 # with the P V wait (their row below), the FP8 kernel's head dim 256 -0.2 to +3.5 %.
 HD256_CAPPED_PAGE16_LONG = "queue+pv_wait_mid+lazy_max+block_n=80+pages_ahead"
+# The global layers without the cap at page 16 since session 26: the same pick with O stored
+# by TMA (`tma_epilogue`), over the table's `queue+overlap_free+lazy_max+pages_ahead`
+# (2026-11-28, sessions 25-26, H200, Gemma-2-9B heads, four runs: 4kx4 +1.7 to +3.4 %, 8kx2
+# +2.8 to +3.8 %, 16kx1 +1.8 to +2.7 %; 2k after 64k -0.7, +0.8, +0.1 % in three, a 66k-key
+# tile whose epilogue is under 1 % of it). The 80-key blocks alone made +1.0 to +3.3 %, the
+# TMA store alone -3.3 to +0.3 %; with the cap the TMA store lost (-4.1 to -0.6 %).
+HD256_UNCAPPED_PAGE16_LONG = HD256_CAPPED_PAGE16_LONG + "+tma_epilogue"
 LONG_BY_PAGE: dict[tuple[int, bool, int, bool], str] = {
     (256, False, 16, True): HD256_CAPPED_PAGE16_LONG,
+    (256, False, 16, False): HD256_UNCAPPED_PAGE16_LONG,
     # The local layers since 2026-11-28 (session 20, H100, two runs, 4k-16k and 2k after 64k):
     # the global layers' pick, +2.9 to +7.3 % in 8 of 8 over `queue+overlap+block_n=80` (4kx4
     # 0.99 -> 1.02-1.03x paged FA3), where its P V wait with lazy_max alone made -1.7 to

@@ -93,7 +93,8 @@ def representative_keys() -> tuple[KernelKey, ...]:
     """Keys whose serving configs are every config serving can pick (a unit test walks every
     supported key): each head dim at page 16 and at LONG_BATCH_MIN_PAGE, with and without a
     window, with a 16-bit and an FP8 cache, one key per row of LONG_BY_PAGE (a page size
-    and soft cap of its own; the picks depend on nothing else) and an fp16 model's FP8 key per
+    and soft cap of its own; the picks depend on nothing else) and, where such a row replaces
+    an uncapped key's page-16 pick, that key at page 32; an fp16 model's FP8 key per
     row of FP8_BF16_LONG (fp16 keeps the converted pick), and head dim 256 at a GQA group
     that does not divide 64 (its short pick then stores O directly, policy._fit_group)."""
     table_rows = tuple(
@@ -107,6 +108,13 @@ def representative_keys() -> tuple[KernelKey, ...]:
         KernelKey("bfloat16", head_dim, page, 4, sliding_window=window, softcap=softcap)
         for head_dim, window, page, softcap in LONG_BY_PAGE
     )
+    # Where LONG_BY_PAGE replaces a table row's long pick at page 16, pages 32 and 64 still
+    # take the row's own.
+    row_elsewhere = tuple(
+        KernelKey("bfloat16", head_dim, 32, 4, sliding_window=window, softcap=softcap)
+        for head_dim, window, page, softcap in LONG_BY_PAGE
+        if page == 16 and not softcap
+    )
     fp16_fp8 = tuple(
         KernelKey(
             "float16",
@@ -119,7 +127,7 @@ def representative_keys() -> tuple[KernelKey, ...]:
         for head_dim, window, long_page in FP8_BF16_LONG
     )
     odd_group = tuple(KernelKey("bfloat16", 256, 16, 3, kv_dtype=kv) for kv in (None, FP8_E4M3))
-    return table_rows + by_page + fp16_fp8 + odd_group
+    return table_rows + by_page + row_elsewhere + fp16_fp8 + odd_group
 
 
 def served_configs() -> tuple[tuple[KernelKey, KernelConfig], ...]:
