@@ -115,6 +115,8 @@ SHAPES = (
     # warpgroup's 64 rows to be whole tokens; policy._fit_group).
     Shape("bfloat16", 256, 16, 12, 4),
     Shape("bfloat16", 256, 128, 16, 8, softcap=50.0),  # Gemma 2 global layers
+    # Without the cap at page 128 the long pick stores O by TMA (policy.LONG_BY_PAGE).
+    Shape("bfloat16", 256, 128, 16, 8),
     # Windows at page 128 (--block-size 128): rows of their own in policy.TABLE.
     Shape("bfloat16", 64, 128, 64, 8, window=127, sinks=True),
     Shape("bfloat16", 128, 128, 32, 8, window=4095),
@@ -144,6 +146,7 @@ SHAPES = (
     # half a page (tile_n 64).
     Shape("bfloat16", 256, 128, 16, 8, softcap=50.0, kv_dtype=FP8),
     Shape("bfloat16", 256, 16, 12, 4, kv_dtype=FP8),  # group 3: the short pick stores directly
+    Shape("bfloat16", 256, 128, 12, 4, kv_dtype=FP8),  # and the page-128 long pick
     # Page 128 at head dim 64 and the windows at page 128: FP8_TABLE's rows of their own.
     Shape("bfloat16", 64, 128, 32, 8, kv_dtype=FP8),
     Shape("bfloat16", 64, 128, 64, 8, window=127, sinks=True, kv_dtype=FP8),

@@ -1,7 +1,7 @@
 """Compile-only tests for the SM90 prefill kernel (CPU, no GPU needed).
 
 The default run (scripts/test.sh) compiles one kernel per config family serving can launch
-(``test_compile_served_config_family``: 30 with the FP8 families). The full matrix, marker
+(``test_compile_served_config_family``: 31 with the FP8 families). The full matrix, marker
 ``compile_matrix`` (deselected by default; .ci/run runs it), compiles every key with every
 config serving can launch for it, the model-feature keys and the variant cases:
 ``pytest -m compile_matrix``, 119 tests of 4-15 s each (6.5 minutes on 2 idle cores). Each

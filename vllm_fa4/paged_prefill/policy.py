@@ -197,9 +197,12 @@ FP8_TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # H100, with and without cap 50): the converters bind, neither taken.
     (256, False, False): ("queue+overlap+lazy_max", HD256_SHORT),
     # Page 128: session 3's pick; the 16-bit row's P V wait on FP8: -3.2 to +3.3 % in three
-    # runs (session 19, H100), not taken; with a window unmeasured on FP8, so session 3's too.
-    (256, False, True): ("one_per_cta+overlap", HD256_SHORT),
-    (256, True, True): ("one_per_cta+overlap", HD256_SHORT),
+    # runs (session 19, H100), not taken. O stored by TMA since session 26 (one tile per CTA:
+    # the store drains as the CTA ends; 2026-11-28, H200, Gemma-2-9B heads, 4kx4, 8kx2,
+    # 16kx1, 2k after 64k: no cap two runs +4.9/+5.1, +2.6/+1.5, +0.8/+1.6, 0.0/+1.1 %; cap
+    # 50 +5.5, +3.1, +1.4, +0.1 %; the 4k window with cap 50 +6.4, +4.9, +3.5, +3.4 %).
+    (256, False, True): ("one_per_cta+overlap+tma_epilogue", HD256_SHORT),
+    (256, True, True): ("one_per_cta+overlap+tma_epilogue", HD256_SHORT),
     # With a window below page 128: the 16-bit row's pick, the P V wait with lazy_max and
     # pages ahead (session 21, H100, Gemma-2-9B heads, 4k window, page 16, over `queue+overlap`,
     # two runs each: no cap +1.3 to +5.2 %, cap 50 +1.4 to +4.4 %, 16 of 16 positive; the
@@ -248,6 +251,12 @@ HD256_UNCAPPED_PAGE16_LONG = HD256_CAPPED_PAGE16_LONG + "+tma_epilogue"
 LONG_BY_PAGE: dict[tuple[int, bool, int, bool], str] = {
     (256, False, 16, True): HD256_CAPPED_PAGE16_LONG,
     (256, False, 16, False): HD256_UNCAPPED_PAGE16_LONG,
+    # The global layers without the cap at page 128 (Gemma 3's kind) since session 26: the
+    # row's pick with O stored by TMA (one tile per CTA: the store drains as the CTA ends;
+    # H200, three runs, 4kx4 +4.8/+5.5/+5.5 %, 8kx2 +2.5/+1.7/+1.0 %, 16kx1 +2.3/+0.9/+2.2 %,
+    # 2k after 64k +0.2/+1.2 %). With the cap it did not hold (8kx2 -3.1 and -0.6 %, 2k
+    # after 64k -0.5 and -0.6 % in two runs), so the capped and windowed rows keep the row's.
+    (256, False, 128, False): "one_per_cta+pv_wait_mid+lazy_max+tma_epilogue",
     # The local layers since 2026-11-28 (session 20, H100, two runs, 4k-16k and 2k after 64k):
     # the global layers' pick, +2.9 to +7.3 % in 8 of 8 over `queue+overlap+block_n=80` (4kx4
     # 0.99 -> 1.02-1.03x paged FA3), where its P V wait with lazy_max alone made -1.7 to

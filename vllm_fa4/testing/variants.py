@@ -96,7 +96,8 @@ def representative_keys() -> tuple[KernelKey, ...]:
     and soft cap of its own; the picks depend on nothing else) and, where such a row replaces
     an uncapped key's page-16 pick, that key at page 32; an fp16 model's FP8 key per
     row of FP8_BF16_LONG (fp16 keeps the converted pick), and head dim 256 at a GQA group
-    that does not divide 64 (its short pick then stores O directly, policy._fit_group)."""
+    that does not divide 64 at both page regimes (its picks then store O directly,
+    policy._fit_group)."""
     table_rows = tuple(
         KernelKey("bfloat16", head_dim, page, 4, sliding_window=window, kv_dtype=kv)
         for kv in (None, FP8_E4M3)
@@ -126,7 +127,11 @@ def representative_keys() -> tuple[KernelKey, ...]:
         )
         for head_dim, window, long_page in FP8_BF16_LONG
     )
-    odd_group = tuple(KernelKey("bfloat16", 256, 16, 3, kv_dtype=kv) for kv in (None, FP8_E4M3))
+    odd_group = tuple(
+        KernelKey("bfloat16", 256, page, 3, kv_dtype=kv)
+        for kv in (None, FP8_E4M3)
+        for page in (16, LONG_BATCH_MIN_PAGE)
+    )
     return table_rows + by_page + row_elsewhere + fp16_fp8 + odd_group
 
 
