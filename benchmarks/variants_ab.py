@@ -73,8 +73,9 @@ CASES.update(
 
 def parse_contender(text: str) -> tuple[KernelConfig | None, dict]:
     """``"spec[@l2=MiB][,tail=N]"`` -> (config, ``PagedCase.plan`` options); spec ``default``: None,
-    the key's served configs; ``default+values``: the served configs with ``values`` added
-    (an ``overlay``, e.g. one axis against the served pick)."""
+    the key's served configs; ``default+values``: the served configs with ``values`` set, each
+    replacing the pick's value on its axis (an ``overlay``, e.g. one axis against the served
+    pick)."""
     spec, _, option = text.partition("@")
     options = {}
     if spec.startswith("default+"):

@@ -7,7 +7,7 @@ once, so a timed GPU session does not spend its minutes compiling one kernel aft
         [--lse no|yes|both] [-j 8]
 
 ``default`` stands for the key's serving configs (every config the plan can pick),
-``default+values`` for them with ``values`` added (variants_ab.py's overlay). Each
+``default+values`` for them with ``values`` set (variants_ab.py's overlay). Each
 (key, config, lse) is compiled in its own worker process and written to the disk cache, where
 variants_ab.py, the tests and vLLM find it. Prints one line per kernel as it finishes.
 
@@ -62,7 +62,7 @@ def jobs(args) -> list:
         for spec in args.configs.split():
             if spec == "default" or spec.startswith("default+"):
                 overlay = spec.removeprefix("default")  # "" or "+values" (variants_ab.py's)
-                configs = [KernelConfig.parse(c.spec + overlay) for c in serving_configs(key).all]
+                configs = [c.overlaid(overlay) for c in serving_configs(key).all]
             else:
                 configs = (KernelConfig.parse(spec),)
             for config in configs:

@@ -318,6 +318,15 @@ def test_config_spellings_roundtrip(monkeypatch):
     )
     with pytest.raises(ValueError, match="sets tiles twice"):
         KernelConfig.parse("queue+one_per_cta")
+    # an overlay sets its values over a config's own, axis by axis (variants_ab's default+)
+    pick = KernelConfig.parse("queue+overlap+tma_epilogue")
+    assert pick.overlaid("tma_epilogue") == pick
+    assert pick.overlaid("pv_wait_mid+lazy_max") == KernelConfig.parse(
+        "queue+pv_wait_mid+tma_epilogue+lazy_max"
+    )
+    assert pick.overlaid("") == pick
+    with pytest.raises(ValueError, match="sets epilogue twice"):
+        pick.overlaid("tma_epilogue+direct_epilogue")
     monkeypatch.delenv("VLLM_FA4_VARIANT", raising=False)
     assert parse_configs(None) == (None,)  # each key's default config
     assert parse_configs("default queue+overlap") == (None, KernelConfig())

@@ -14,6 +14,7 @@ What the kernel *can* be; which configs serving runs is paged_prefill/policy.py.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from enum import Enum
 
@@ -331,6 +332,17 @@ class KernelConfig:
     def parse(cls, spec: str) -> KernelConfig:
         """Values joined by ``+`` (see the class doc); raises ValueError naming the valid
         spellings."""
+        return cls(**cls._values(spec))
+
+    def overlaid(self, overlay: str) -> KernelConfig:
+        """This config with the values ``overlay`` spells set, each replacing this config's
+        value on its axis (the A/B tools' ``default+values``: one axis against the served
+        pick, whether or not the pick already has it)."""
+        return dataclasses.replace(self, **self._values(overlay))
+
+    @classmethod
+    def _values(cls, spec: str) -> dict:
+        """The fields ``spec`` sets, by name; each at most once."""
         values: dict = {}
         for token in spec.split("+"):
             token = token.strip()
@@ -352,7 +364,7 @@ class KernelConfig:
             if field in values:
                 raise ValueError(f"vllm_fa4: {spec!r} sets {field} twice")
             values[field] = value
-        return cls(**values)
+        return values
 
     @classmethod
     def spellings(cls) -> str:

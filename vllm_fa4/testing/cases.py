@@ -189,16 +189,16 @@ class PagedCase:
     def plan(self, config: KernelConfig | None = None, overlay: str = "", **options) -> PrefillPlan:
         """``plan_prefill`` for this case (what the metadata builder would produce; config
         None: the key's serving configs, picked per batch; a config: that one for every
-        batch); ``overlay`` (config None only): values added to both serving configs' specs,
-        e.g. one axis to A/B against the served pick; ``options`` go to plan_prefill (e.g.
-        ``l2_section_bytes``)."""
+        batch); ``overlay`` (config None only): values set on both serving configs
+        (``KernelConfig.overlaid``), e.g. one axis to A/B against the served pick;
+        ``options`` go to plan_prefill (e.g. ``l2_section_bytes``)."""
         configs = serving_configs(self.key, config)
         if overlay:
             assert config is None, "an overlay applies to the served configs only"
             configs = dataclasses.replace(
                 configs,
-                long=KernelConfig.parse(f"{configs.long.spec}+{overlay}"),
-                short=KernelConfig.parse(f"{configs.short.spec}+{overlay}"),
+                long=configs.long.overlaid(overlay),
+                short=configs.short.overlaid(overlay),
             )
         return plan_prefill(
             self.query_start_loc_cpu,
