@@ -121,12 +121,16 @@ def test_every_fp8_serving_pick_builds(hd, page, window):
 
 
 def test_16bit_keys_keep_their_picks_and_no_fp8_route():
-    from vllm_fa4.paged_prefill.policy import TABLE
+    """A 16-bit key runs TABLE's row (LONG_BY_PAGE's long pick where it names the key's page
+    size), never FP8_TABLE's, and no fp8 route."""
+    from vllm_fa4.paged_prefill.policy import LONG_BY_PAGE, TABLE
 
-    for (hd, window, big), specs in TABLE.items():
-        key = KernelKey("bfloat16", hd, 128 if big else 16, 4, sliding_window=window)
+    for (hd, window, big), (long, short) in TABLE.items():
+        page = 128 if big else 16
+        key = KernelKey("bfloat16", hd, page, 4, sliding_window=window)
+        long = LONG_BY_PAGE.get((hd, window, page, False), long)
         assert tuple(c.spec for c in (serving_configs(key).long, serving_configs(key).short)) == (
-            tuple(KernelConfig.parse(s).spec for s in specs)
+            tuple(KernelConfig.parse(s).spec for s in (long, short))
         )
         assert not kernel_reads_fp8(key)
 
