@@ -243,6 +243,8 @@ VARIANT_CASES = [
     ("queue_with_work+overlap+q_tma", KernelKey("bfloat16", 128, 16, 4, sliding_window=True)),
     ("one_per_cta+serial+q_tma", KernelKey("bfloat16", 128, 32, 32)),
     ("queue+overlap+q_tma+mma_wgs=3", KernelKey("bfloat16", 64, 128, 8)),
+    # O's TMA boxes from the tile's Q stage, three warpgroups' rows
+    ("queue_with_work+pv_wait_mid+q_tma+tma_epilogue+mma_wgs=3", KernelKey("bfloat16", 64, 128, 8)),
     # wide_box's 5-D box (64, 8 rows, chunks, row groups): one chunk (head dim 64), four
     # (256, 64-key tiles), a 128-row box, the serial loop
     ("one_per_cta+serial+wide_box", KernelKey("float16", 64, 32, 3)),

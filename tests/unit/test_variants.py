@@ -200,14 +200,19 @@ def test_head_dim_256_global_layers_read_pages_ahead_on_16_bit_caches_only():
             )
 
 
-def test_tma_epilogue_needs_q_by_cp_async_and_whole_tokens_a_warpgroup():
-    """Q by TMA or prefetched would land in sQ while O's boxes still read it; a box holds a
-    warpgroup's 64 rows only when they are whole tokens (64 % G == 0)."""
-    key = KernelKey("bfloat16", 256, 16, 2)
+def test_tma_epilogue_needs_q_by_cp_async_or_tma_and_whole_tokens_a_warpgroup():
+    """Prefetched Q would land in sQ while O's boxes still read it (Q by TMA waits for the
+    stage, which the boxes' reads free); not with Q by TMA on an fp8 cache (its Q stage is
+    converted or split); a box holds a warpgroup's 64 rows only when they are whole tokens
+    (64 % G == 0)."""
+    key = KernelKey("bfloat16", 128, 16, 2)
     assert KernelConfig.parse("queue+overlap+tma_epilogue").unsupported_reason(key) is None
-    for q_load in ("q_tma", "q_prefetch"):
-        reason = KernelConfig.parse(f"queue+overlap+{q_load}+tma_epilogue").unsupported_reason(key)
-        assert reason is not None and "tma_epilogue" in reason
+    with_tma = KernelConfig.parse("queue_with_work+pv_wait_mid+q_tma+tma_epilogue+lazy_max")
+    assert with_tma.unsupported_reason(key) is None
+    fp8 = dataclasses.replace(key, kv_dtype="float8_e4m3fn")
+    assert "fp8" in with_tma.unsupported_reason(fp8)
+    prefetch = KernelConfig.parse("queue+overlap+q_prefetch+tma_epilogue")
+    assert "q_prefetch" in prefetch.unsupported_reason(key)
     odd = KernelKey("bfloat16", 128, 16, 3)
     assert "whole tokens" in KernelConfig.parse("queue+overlap+tma_epilogue").unsupported_reason(
         odd

@@ -411,9 +411,12 @@ class KernelConfig:
             if self.epilogue is Epilogue.STAGED:
                 return "'q_prefetch' and 'staged_epilogue' exclude each other (both use sQ)"
         if self.epilogue is Epilogue.TMA:
-            if self.q_load is not QLoad.CP_ASYNC:
+            if self.q_load is QLoad.PREFETCH:
                 # the next tile's Q would land in sQ while O's stores still read it
-                return f"'tma_epilogue' needs Q by cp.async, not {self.q_load.value!r}"
+                return "'tma_epilogue' needs Q by cp.async or 'q_tma', not 'q_prefetch'"
+            if self.q_load is QLoad.TMA and key.fp8_kv:
+                # O would be staged in the 16-bit Q stage the fp8 kernel converts or splits
+                return "'tma_epilogue' with 'q_tma' on an fp8 KV cache"
             if 64 % key.qhead_per_kvhead:
                 return "'tma_epilogue' needs a warpgroup's 64 rows to be whole tokens"
         if self.mma_wgs not in (2, 3):

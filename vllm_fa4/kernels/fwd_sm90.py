@@ -299,6 +299,8 @@ class Sm90PagedPrefill:
         self.pages_ahead = cfg.page_read is PageRead.BLOCK_AHEAD
         self.staged_epilogue = cfg.epilogue is Epilogue.STAGED
         self.tma_epilogue = cfg.epilogue is Epilogue.TMA
+        # O is staged in this tile's rows of sQ (with q_tma: its Q stage, freed after O)
+        self.o_in_q_stage = cfg.epilogue in (Epilogue.STAGED, Epilogue.TMA)
         # `queue_work`: the TileWork fields a tile-queue slot carries after the tile index
         self.queue_work_words = queue_work_words(
             self.queue_work, key.sliding_window, bool(self.shift_keys)
@@ -1471,8 +1473,9 @@ class Sm90PagedPrefill:
         (state, next tile, queue state). With `q_tma` the producer loaded Q into stage
         `q_stage` (a compile-time constant: a runtime stage index costs the block loop its
         uniform-register descriptors) on the first K's mbarrier; the tile frees the stage
-        after its last Q K^T. With `tma_epilogue` (`o_tma`) O's boxes are left in flight from
-        sQ; the next tile's Q copies wait for them."""
+        after its last Q K^T (after O, with O staged in it). With `tma_epilogue` (`o_tma`) O's
+        boxes are left in flight from sQ; the next tile's Q copies wait for them (with `q_tma`
+        the stage is freed once they have read it)."""
         mQ, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v = args[:10]
         mSinks, window_left, softcap_prescale, scale_log2, tidx = args[10:15]
         wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -1573,8 +1576,9 @@ class Sm90PagedPrefill:
                 next_tile, queue_state = self.prefetch_next_q(
                     receive, queue_state, tile_args, mQ, sQ, tidx, wg
                 )
-            # Every Q K^T of the tile is done; a staged epilogue still writes O into the stage.
-            if cutlass.const_expr(self.q_tma and not self.staged_epilogue):
+            # Every Q K^T of the tile is done; a staged or TMA epilogue still writes O into
+            # the stage.
+            if cutlass.const_expr(self.q_tma and not self.o_in_q_stage):
                 self.free_q_stage(q_empty, q_stage)
             if cutlass.const_expr(self.overlap):
                 # The last block's P V, left in flight by the overlapped loop.
@@ -1601,6 +1605,13 @@ class Sm90PagedPrefill:
         if cutlass.const_expr(self.q_tma and self.staged_epilogue):
             # The stage's generic-proxy reads and writes come before the producer's TMA.
             cute.arch.fence_view_async_shared()
+            self.free_q_stage(q_empty, q_stage)
+        if cutlass.const_expr(self.q_tma and self.tma_epilogue):
+            # O's boxes have read the stage before the producer's TMA refills it (the issuing
+            # thread waits; its warp arrives after it). The other stage holds the next tile's
+            # Q, so the refill this frees is for the tile after next.
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+            cute.arch.sync_warp()
             self.free_q_stage(q_empty, q_stage)
         if cutlass.const_expr(self.q_prefetch):
             return state, next_tile, queue_state

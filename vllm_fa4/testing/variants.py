@@ -63,6 +63,9 @@ ALL_CONFIGS = tuple(
         "queue_with_work+overlap+q_tma+v_warp+wide_box+lazy_max",
         "queue_with_work+overlap+q_tma+staged_epilogue+lazy_max",
         "queue_with_work+overlap+q_tma+wide_box+lazy_max+mma_wgs=3",
+        # O by TMA stores from the tile's Q stage (session 26, unmeasured): head dim 128's
+        # short pick with `tma_epilogue` for `staged_epilogue`
+        "queue_with_work+pv_wait_mid+q_tma+tma_epilogue+lazy_max",
     )
 )
 
