@@ -1602,16 +1602,16 @@ class Sm90PagedPrefill:
         if cutlass.const_expr(clock is not None):
             self.phase_mark(clock, 5)
             self.phase_sums_add(clock, args.probe_rows, tidx)
-        if cutlass.const_expr(self.q_tma and self.staged_epilogue):
-            # The stage's generic-proxy reads and writes come before the producer's TMA.
-            cute.arch.fence_view_async_shared()
-            self.free_q_stage(q_empty, q_stage)
-        if cutlass.const_expr(self.q_tma and self.tma_epilogue):
-            # O's boxes have read the stage before the producer's TMA refills it (the issuing
-            # thread waits; its warp arrives after it). The other stage holds the next tile's
-            # Q, so the refill this frees is for the tile after next.
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
-            cute.arch.sync_warp()
+        if cutlass.const_expr(self.q_tma and self.o_in_q_stage):
+            if cutlass.const_expr(self.tma_epilogue):
+                # O's boxes have read the stage before the producer's TMA refills it (the
+                # issuing thread waits; its warp arrives after it). The other stage holds the
+                # next tile's Q, so the refill this frees is for the tile after next.
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+                cute.arch.sync_warp()
+            else:
+                # The stage's generic-proxy reads and writes come before the producer's TMA.
+                cute.arch.fence_view_async_shared()
             self.free_q_stage(q_empty, q_stage)
         if cutlass.const_expr(self.q_prefetch):
             return state, next_tile, queue_state

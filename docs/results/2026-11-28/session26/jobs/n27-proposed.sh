@@ -2,7 +2,7 @@
 # Proposed for the next GPU session (written at the end of session 26, not run): the first
 # runs of the Q-stage TMA store (docs/perf-notes.md, session 26: predictions written), then on
 # an H100 the reads of head dim 256's picks adopted in sessions 25-26. Copy to gpu_runs/ with
-# env.sh; each `run` writes $OUT/NAME-$G-$COMMIT.log (at most 8 files come back a call).
+# session25/jobs/env.sh; each `run` writes $OUT/NAME-$G-$COMMIT.log (at most 8 files come back a call).
 set -u; source gpu_runs/env.sh
 export VLLM_FA4_CACHE_DIR=/tmp/fa4-kernels PYTHONUNBUFFERED=1; mkdir -p -m 700 $VLLM_FA4_CACHE_DIR
 S128=queue_with_work+pv_wait_mid+q_tma+lazy_max   # head dim 128's short pick without its epilogue
