@@ -114,6 +114,10 @@ SHAPES = (
     # A GQA group of 3 at head dim 256: its short pick stores O directly (TMA boxes need a
     # warpgroup's 64 rows to be whole tokens; policy._fit_group).
     Shape("bfloat16", 256, 16, 12, 4),
+    # Qwen2.5-7B's group of 7 at head dim 128: its short pick stages O in the Q stage and
+    # stores rows (staged_epilogue) instead of TMA boxes.
+    Shape("bfloat16", 128, 16, 28, 4),
+    Shape("bfloat16", 128, 16, 28, 4, kv_dtype=FP8),
     Shape("bfloat16", 256, 128, 16, 8, softcap=50.0),  # Gemma 2 global layers
     # Without the cap at page 128 the long pick stores O by TMA (policy.LONG_BY_PAGE).
     Shape("bfloat16", 256, 128, 16, 8),

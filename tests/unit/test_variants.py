@@ -171,6 +171,36 @@ def test_head_dim_256_uncapped_page_16_long_batches_store_o_by_tma():
     assert serving_configs(group3).long == dataclasses.replace(want, epilogue=Epilogue.DIRECT)
 
 
+def test_head_dim_128_short_batches_store_o_by_tma():
+    """Session 27: head dim 128's short batches without a window store O by TMA (16-bit
+    caches from the Q stage, FP8 caches from sQ), at every page class; long batches, the
+    window and head dim 64 keep their epilogues; a GQA group that does not divide 64
+    (Qwen2.5-7B's 7) falls back to the staged row stores the pick replaced."""
+    for page in (16, 32, 128):
+        key = KernelKey.for_layer("bfloat16", 128, page, 32, 8)
+        picks = serving_configs(key)
+        assert picks.short == KernelConfig.parse(
+            "queue_with_work+pv_wait_mid+q_tma+tma_epilogue+lazy_max"
+        ), key
+        assert picks.long.epilogue is not Epilogue.TMA, key
+        fp8 = dataclasses.replace(key, kv_dtype="float8_e4m3fn")
+        fp8_short = serving_configs(fp8).short
+        assert fp8_short == KernelConfig.parse("queue+pv_wait_mid+tma_epilogue+lazy_max"), fp8
+        assert fp8_short.unsupported_reason(fp8) is None
+        for other in (dataclasses.replace(key, sliding_window=True), fp8):
+            assert serving_configs(other).long.epilogue is not Epilogue.TMA, other
+        windowed = dataclasses.replace(key, sliding_window=True)
+        assert serving_configs(windowed).short.epilogue is not Epilogue.TMA, windowed
+        qwen = KernelKey.for_layer("bfloat16", 128, page, 28, 4)
+        for cache in (qwen, dataclasses.replace(qwen, kv_dtype="float8_e4m3fn")):
+            short = serving_configs(cache).short
+            assert short.epilogue is Epilogue.STAGED, cache
+            assert short.unsupported_reason(cache) is None, cache
+    for page in (16, 128):
+        hd64 = KernelKey.for_layer("bfloat16", 64, page, 32, 8)
+        assert all(c.epilogue is not Epilogue.TMA for c in serving_configs(hd64).all), hd64
+
+
 def test_head_dim_256_global_layers_read_pages_ahead_on_16_bit_caches_only():
     """Session 14: long batches of head dim 256 without a window read a block's page-table
     entries a block ahead below page 128 (with and without the cap), and since session 20

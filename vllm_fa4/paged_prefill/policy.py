@@ -61,6 +61,20 @@ WINDOW_128_LONG_PAGE = "queue_with_work+pv_wait_mid+q_tma+v_warp"
 # warpgroup's Q K^T (the block loop 2-8 % slower a block), -4.1 to +0.3 % at page 16.
 HD256_SHORT = "queue+overlap+tma_epilogue"
 
+# Head dim 128's short batches (16-bit caches, no window): O staged in the tile's Q stage and
+# stored by TMA boxes, the stage freed for the tile after next once the boxes have read it
+# (2026-11-28, session 27, H200, Llama-3.1-8B heads, 512x32, 1kx16, 2kx8 at pages 16 and 128,
+# over the 16-byte row stores of `staged_epilogue`, two runs: +1.7 to +9.2 % in 12 of 12,
+# page 128's 512x32 the most). Long batches lost with it (4kx4 to 2k after 64k, -2.7 to
+# +1.4 %), head dim 64's three-warpgroup short pick was mixed (-1.0 to +3.3 %), the 4k window
+# mixed (-0.8 to +5.7 %, one run): those keep their picks.
+HD128_SHORT = "queue_with_work+pv_wait_mid+q_tma+tma_epilogue+lazy_max"
+# The FP8 cache's head-dim-128 short batches (Q by cp.async, one Q stage): O staged in sQ as
+# head dim 256's short pick does, stored by TMA (same session, GPU and cases, over
+# `staged_epilogue`, two runs: +1.0 to +5.1 % in 12 of 12; FA3-FP8 geomean 1.10 -> 1.13).
+# With the window (`queue+overlap` + the store) it lost 4-26 % (one run, not profiled).
+HD128_SHORT_FP8 = "queue+pv_wait_mid+tma_epilogue+lazy_max"
+
 TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # Head dim 64: three consumer warpgroups (192-row tiles) for every batch and page, where
     # two cannot hide one's softmax under the other's GEMMs (2026-11-24: Llama-3.2-1B shape
@@ -102,9 +116,10 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # staged through the tile's Q stage (session 10: 512x32-1kx16 +4-10 %, 2kx8 0 to +2.4 %;
     # long batches -0.1 to -6 %). Both wait for P V mid-softmax (session 14, H100, 8 rounds:
     # page-16 4k+ 1.051 -> 1.111 of FA3, short 1.110 -> 1.139; 70B at TP 8 likewise).
+    # Short batches store O from the Q stage by TMA since session 27 (HD128_SHORT).
     (128, False, False): (
         "queue_with_work+pv_wait_mid+q_tma+v_warp+wide_box+pages_ahead+lazy_max",
-        "queue_with_work+pv_wait_mid+q_tma+staged_epilogue+lazy_max",
+        HD128_SHORT,
     ),
     # Head dim 128 at page 128: the V warp without pages ahead or wide boxes (session 12:
     # -0.1 to +0.7 % over session 11's pages-ahead pick, which the V warp with pages ahead
@@ -113,7 +128,7 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # (session 19, H100; the queue starts a tile's loads under the previous one).
     (128, False, True): (
         "queue_with_work+pv_wait_mid+q_tma+v_warp+lazy_max",
-        "queue_with_work+pv_wait_mid+q_tma+staged_epilogue+lazy_max",
+        HD128_SHORT,
     ),
     # Head dim 128 with a window: the unwindowed long picks without lazy_max (not measured
     # with a window), for every batch: Q by TMA with the tile's TileWork, the P V wait
@@ -182,14 +197,8 @@ FP8_TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
         "queue+overlap+mma_wgs=3",
         WINDOW_64_SHORT_FP8,
     ),
-    (128, False, False): (
-        "queue+pv_wait_mid+pages_ahead+lazy_max",
-        "queue+pv_wait_mid+staged_epilogue+lazy_max",
-    ),
-    (128, False, True): (
-        "queue+pv_wait_mid+lazy_max",
-        "queue+pv_wait_mid+staged_epilogue+lazy_max",
-    ),
+    (128, False, False): ("queue+pv_wait_mid+pages_ahead+lazy_max", HD128_SHORT_FP8),
+    (128, False, True): ("queue+pv_wait_mid+lazy_max", HD128_SHORT_FP8),
     (128, True, False): ("queue+overlap", "queue+overlap"),
     (128, True, True): ("queue+overlap", "queue+overlap"),
     # overlap_free (the 16-bit pick above) on an FP8 cache: -4.5 to +0.4 % (H200), the turns stay.
@@ -323,10 +332,13 @@ def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> Servin
 
 
 def _fit_group(config: KernelConfig, key: KernelKey) -> KernelConfig:
-    """``config`` with O stored directly where its TMA boxes cannot hold ``key``'s GQA group
-    (`tma_epilogue` needs a warpgroup's 64 rows to be whole tokens: 64 % group == 0)."""
+    """``config`` without its TMA boxes where they cannot hold ``key``'s GQA group
+    (`tma_epilogue` needs a warpgroup's 64 rows to be whole tokens: 64 % group == 0, not
+    Qwen2.5-7B's 7): the epilogue each TMA pick replaced, staged row stores at head dims 64
+    and 128, direct stores at 256 (where staging lost, session 23)."""
     if config.epilogue is Epilogue.TMA and 64 % key.qhead_per_kvhead:
-        return replace(config, epilogue=Epilogue.DIRECT)
+        fallback = Epilogue.DIRECT if key.head_dim == 256 else Epilogue.STAGED
+        return replace(config, epilogue=fallback)
     return config
 
 

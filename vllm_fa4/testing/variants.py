@@ -98,9 +98,9 @@ def representative_keys() -> tuple[KernelKey, ...]:
     window, with a 16-bit and an FP8 cache, one key per row of LONG_BY_PAGE (a page size
     and soft cap of its own; the picks depend on nothing else) and, where such a row replaces
     an uncapped key's page-16 pick, that key at page 32; an fp16 model's FP8 key per
-    row of FP8_BF16_LONG (fp16 keeps the converted pick), and head dim 256 at a GQA group
-    that does not divide 64 at both page regimes (its picks then store O directly,
-    policy._fit_group)."""
+    row of FP8_BF16_LONG (fp16 keeps the converted pick), and head dims 128 (Qwen2.5-7B's
+    group of 7) and 256 at a GQA group that does not divide 64 at both page regimes (their
+    TMA-store picks then store O another way, policy._fit_group)."""
     table_rows = tuple(
         KernelKey("bfloat16", head_dim, page, 4, sliding_window=window, kv_dtype=kv)
         for kv in (None, FP8_E4M3)
@@ -131,7 +131,8 @@ def representative_keys() -> tuple[KernelKey, ...]:
         for head_dim, window, long_page in FP8_BF16_LONG
     )
     odd_group = tuple(
-        KernelKey("bfloat16", 256, page, 3, kv_dtype=kv)
+        KernelKey("bfloat16", head_dim, page, group, kv_dtype=kv)
+        for head_dim, group in ((128, 7), (256, 3))
         for kv in (None, FP8_E4M3)
         for page in (16, LONG_BATCH_MIN_PAGE)
     )
