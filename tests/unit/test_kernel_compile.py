@@ -1,10 +1,11 @@
 """Compile-only tests for the SM90 prefill kernel (CPU, no GPU needed).
 
 The default run (scripts/test.sh) compiles one kernel per config family serving can launch
-(``test_compile_served_config_family``: 31 with the FP8 families). The full matrix, marker
-``compile_matrix`` (deselected by default; .ci/run runs it), compiles every key with every
-config serving can launch for it, the model-feature keys and the variant cases:
-``pytest -m compile_matrix``, 119 tests of 4-15 s each (6.5 minutes on 2 idle cores). Each
+(``test_compile_served_config_family``: 36 with the FP8 families and the odd GQA groups'
+fallbacks). The full matrix, marker ``compile_matrix`` (deselected by default; .ci/run runs
+it), compiles every key with every config serving can launch for it, the model-feature keys
+and the variant cases:
+``pytest -m compile_matrix``, 121 tests of 4-15 s each (6.5 minutes on 2 idle cores). Each
 dtype is compiled on half of the head-dim x page-size cells (``chessboard_dtype``), each
 feature config with or without the LSE. Kernels go through the disk
 cache (``VLLM_FA4_CACHE_DIR``, one per test run: tests/conftest.py), so a kernel one test
@@ -84,9 +85,14 @@ def served_config_families() -> list[tuple[KernelKey, KernelConfig]]:
     key that runs it (no feature, the compile matrix's dtype for its cell, smallest page
     first): serving picks configs by head dim, page size, window and cache dtype only, so
     these few kernels cover every code path serving compiles. An fp8 cache's kernel is its
-    own family per staging depth (fp8_kv.py: the converter warps, one or two staging slots)."""
+    own family per staging depth (fp8_kv.py: the converter warps, one or two staging slots).
+    A GQA group of 3 stands for the groups that do not divide 64, whose TMA-store picks store
+    O another way (policy._fit_group)."""
     keys = [
-        KernelKey(dt, hd, ps, 4, sliding_window=window, softcap=softcap, sinks=sinks, kv_dtype=kv)
+        KernelKey(
+            dt, hd, ps, group, sliding_window=window, softcap=softcap, sinks=sinks, kv_dtype=kv
+        )
+        for group in (4, 3)
         for dt in SUPPORTED_DTYPES
         for hd in SUPPORTED_HEAD_DIMS
         for ps in SUPPORTED_PAGE_SIZES
@@ -98,6 +104,7 @@ def served_config_families() -> list[tuple[KernelKey, KernelConfig]]:
     plainest_first = sorted(
         keys,
         key=lambda k: (
+            k.qhead_per_kvhead != 4,
             k.sliding_window,
             k.softcap,
             k.sinks,

@@ -51,6 +51,8 @@ ALL_CONFIGS = tuple(
         "queue_with_work+pv_wait_mid+q_tma+lazy_max+mma_wgs=3+pages_ahead+v_warp",
         "queue_with_work+pv_wait_mid+q_tma+v_warp+lazy_max",
         "queue_with_work+pv_wait_mid+q_tma+v_warp+wide_box+pages_ahead+lazy_max",
+        "queue_with_work+pv_wait_mid+q_tma+tma_epilogue+lazy_max",
+        # (its epilogue where a GQA group does not divide 64: policy._fit_group)
         "queue_with_work+pv_wait_mid+q_tma+staged_epilogue+lazy_max",
         # ... and the steps between them (sessions 7-14, docs/perf-notes.md)
         "one_per_cta+pv_wait_mid",
@@ -63,9 +65,6 @@ ALL_CONFIGS = tuple(
         "queue_with_work+overlap+q_tma+v_warp+wide_box+lazy_max",
         "queue_with_work+overlap+q_tma+staged_epilogue+lazy_max",
         "queue_with_work+overlap+q_tma+wide_box+lazy_max+mma_wgs=3",
-        # O by TMA stores from the tile's Q stage (session 26, unmeasured): head dim 128's
-        # short pick with `tma_epilogue` for `staged_epilogue`
-        "queue_with_work+pv_wait_mid+q_tma+tma_epilogue+lazy_max",
     )
 )
 
