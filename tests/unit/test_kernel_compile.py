@@ -1,11 +1,11 @@
 """Compile-only tests for the SM90 prefill kernel (CPU, no GPU needed).
 
 The default run (scripts/test.sh) compiles one kernel per config family serving can launch
-(``test_compile_served_config_family``: 36 with the FP8 families and the odd GQA groups'
+(``test_compile_served_config_family``: 37 with the FP8 families and the odd GQA groups'
 fallbacks). The full matrix, marker ``compile_matrix`` (deselected by default; .ci/run runs
 it), compiles every key with every config serving can launch for it, the model-feature keys
 and the variant cases:
-``pytest -m compile_matrix``, 121 tests of 4-15 s each (6.5 minutes on 2 idle cores). Each
+``pytest -m compile_matrix``, 122 tests of 4-15 s each (6.5 minutes on 2 idle cores). Each
 dtype is compiled on half of the head-dim x page-size cells (``chessboard_dtype``), each
 feature config with or without the LSE. Kernels go through the disk
 cache (``VLLM_FA4_CACHE_DIR``, one per test run: tests/conftest.py), so a kernel one test

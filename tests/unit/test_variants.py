@@ -173,9 +173,10 @@ def test_head_dim_256_uncapped_page_16_long_batches_store_o_by_tma():
 
 def test_head_dim_128_short_batches_store_o_by_tma():
     """Session 27: head dim 128's short batches without a window store O by TMA (16-bit
-    caches from the Q stage, FP8 caches from sQ), at every page class; long batches, the
-    window and head dim 64 keep their epilogues; a GQA group that does not divide 64
-    (Qwen2.5-7B's 7) falls back to the staged row stores the pick replaced."""
+    caches from the Q stage, FP8 caches from sQ), at every page class, and with a window at
+    page 128 (16-bit); long batches, the window below page 128 and head dim 64 keep theirs;
+    a GQA group that does not divide 64 (Qwen2.5-7B's 7) falls back to the epilogue the pick
+    replaced."""
     for page in (16, 32, 128):
         key = KernelKey.for_layer("bfloat16", 128, page, 32, 8)
         picks = serving_configs(key)
@@ -189,13 +190,18 @@ def test_head_dim_128_short_batches_store_o_by_tma():
         assert fp8_short.unsupported_reason(fp8) is None
         for other in (dataclasses.replace(key, sliding_window=True), fp8):
             assert serving_configs(other).long.epilogue is not Epilogue.TMA, other
-        windowed = dataclasses.replace(key, sliding_window=True)
-        assert serving_configs(windowed).short.epilogue is not Epilogue.TMA, windowed
+        windowed = serving_configs(dataclasses.replace(key, sliding_window=True)).short
+        # the windowed row stores O by TMA at page 128 only (its page-16 row gained nothing)
+        assert (windowed.epilogue is Epilogue.TMA) == (page == 128), (page, windowed)
         qwen = KernelKey.for_layer("bfloat16", 128, page, 28, 4)
         for cache in (qwen, dataclasses.replace(qwen, kv_dtype="float8_e4m3fn")):
             short = serving_configs(cache).short
             assert short.epilogue is Epilogue.STAGED, cache
             assert short.unsupported_reason(cache) is None, cache
+        # the windowed page-128 row's short pick stored O directly before: it falls back to that
+        qwen_window = serving_configs(dataclasses.replace(qwen, sliding_window=True))
+        assert qwen_window.short.epilogue is not Epilogue.TMA
+        assert qwen_window.short == qwen_window.long, page
     for page in (16, 128):
         hd64 = KernelKey.for_layer("bfloat16", 64, page, 32, 8)
         assert all(c.epilogue is not Epilogue.TMA for c in serving_configs(hd64).all), hd64

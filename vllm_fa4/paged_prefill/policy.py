@@ -139,7 +139,11 @@ TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
     # to +9.8 % in 6 of 6). The unwindowed short pick (`staged_epilogue`) stayed within a few
     # percent of session 4's, behind these.
     (128, True, False): (WINDOW_128_PAGED, WINDOW_128_PAGED),
-    (128, True, True): (WINDOW_128_LONG_PAGE, WINDOW_128_LONG_PAGE),
+    # At page 128 short batches store O from the Q stage by TMA since session 27 (H200,
+    # Llama-3.1-8B heads, 4k window: 512x32 +5.7 / +3.1 %, 1kx16 +4.1 / +5.4 % in two runs,
+    # 2kx8 +3.5 % in one; long 4kx4 and 16kx1 +0.4 and +0.2 %, so long batches keep theirs;
+    # page 16's row gained nothing, +0.8 and -0.6 %).
+    (128, True, True): (WINDOW_128_LONG_PAGE, WINDOW_128_LONG_PAGE + "+tma_epilogue"),
     # Head dim 256 below page 128: the persistent grid (H200 page 16: 0.99-1.04 of FA3, one
     # tile per CTA 0.86-1.02); lazy_max for long batches only (512x32 lost 1.5-2.6 % with it),
     # not with a window. Long batches without a window step without ping-pong turns
@@ -331,14 +335,25 @@ def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> Servin
     return ServingConfigs(long=_fit_group(long, key), short=_fit_group(short, key))
 
 
+# The TMA-store picks that staged O in shared memory before (head dim 128's short picks until
+# session 27); the others stored it directly.
+_STAGED_BEFORE_TMA = frozenset(
+    KernelConfig.parse(spec)
+    for spec in (
+        "queue_with_work+pv_wait_mid+q_tma+staged_epilogue+lazy_max",
+        "queue+pv_wait_mid+staged_epilogue+lazy_max",
+    )
+)
+
+
 def _fit_group(config: KernelConfig, key: KernelKey) -> KernelConfig:
     """``config`` without its TMA boxes where they cannot hold ``key``'s GQA group
     (`tma_epilogue` needs a warpgroup's 64 rows to be whole tokens: 64 % group == 0, not
-    Qwen2.5-7B's 7): the epilogue each TMA pick replaced, staged row stores at head dims 64
-    and 128, direct stores at 256 (where staging lost, session 23)."""
+    Qwen2.5-7B's 7): the epilogue the pick replaced, so such a key runs the kernel it ran
+    before (staged row stores for head dim 128's short picks, direct stores otherwise)."""
     if config.epilogue is Epilogue.TMA and 64 % key.qhead_per_kvhead:
-        fallback = Epilogue.DIRECT if key.head_dim == 256 else Epilogue.STAGED
-        return replace(config, epilogue=fallback)
+        staged = replace(config, epilogue=Epilogue.STAGED)
+        return staged if staged in _STAGED_BEFORE_TMA else replace(config, epilogue=Epilogue.DIRECT)
     return config
 
 

@@ -50,6 +50,7 @@ ALL_CONFIGS = tuple(
         "queue_with_work+overlap+q_tma+lazy_max+mma_wgs=3+pages_ahead+v_warp",
         "queue_with_work+pv_wait_mid+q_tma+lazy_max+mma_wgs=3+pages_ahead+v_warp",
         "queue_with_work+pv_wait_mid+q_tma+v_warp+lazy_max",
+        "queue_with_work+pv_wait_mid+q_tma+v_warp+tma_epilogue",
         "queue_with_work+pv_wait_mid+q_tma+v_warp+wide_box+pages_ahead+lazy_max",
         "queue_with_work+pv_wait_mid+q_tma+tma_epilogue+lazy_max",
         # (its epilogue where a GQA group does not divide 64: policy._fit_group)
