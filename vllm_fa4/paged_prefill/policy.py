@@ -66,13 +66,14 @@ HD256_SHORT = "queue+overlap+tma_epilogue"
 # (2026-11-28, session 27, H200, Llama-3.1-8B heads, 512x32, 1kx16, 2kx8 at pages 16 and 128,
 # over the 16-byte row stores of `staged_epilogue`, two runs: +1.7 to +9.2 % in 12 of 12,
 # page 128's 512x32 the most). Long batches lost with it (4kx4 to 2k after 64k, -2.7 to
-# +1.4 %), head dim 64's three-warpgroup short pick was mixed (-1.0 to +3.3 %), the 4k window
-# mixed (-0.8 to +5.7 %, one run): those keep their picks.
+# +1.4 %) and head dim 64's three-warpgroup short pick was mixed (-1.0 to +3.3 %): those keep
+# their picks. The 4k window's page-128 row took it too (below), its page-16 row did not.
 HD128_SHORT = "queue_with_work+pv_wait_mid+q_tma+tma_epilogue+lazy_max"
 # The FP8 cache's head-dim-128 short batches (Q by cp.async, one Q stage): O staged in sQ as
 # head dim 256's short pick does, stored by TMA (same session, GPU and cases, over
 # `staged_epilogue`, two runs: +1.0 to +5.1 % in 12 of 12; FA3-FP8 geomean 1.10 -> 1.13).
-# With the window (`queue+overlap` + the store) it lost 4-26 % (one run, not profiled).
+# With the window (`queue+overlap` + the store) it lost 4-26 % (one run): the probe put the
+# tile's Q phase at 5.3 us against 2.0 (one Q stage, its next load waits for the boxes' read).
 HD128_SHORT_FP8 = "queue+pv_wait_mid+tma_epilogue+lazy_max"
 
 TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
