@@ -337,13 +337,10 @@ def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> Servin
 
 
 # The TMA-store picks that staged O in shared memory before (head dim 128's short picks until
-# session 27); the others stored it directly.
+# session 27), with their staged epilogue; the others stored it directly.
 _STAGED_BEFORE_TMA = frozenset(
-    KernelConfig.parse(spec)
-    for spec in (
-        "queue_with_work+pv_wait_mid+q_tma+staged_epilogue+lazy_max",
-        "queue+pv_wait_mid+staged_epilogue+lazy_max",
-    )
+    replace(KernelConfig.parse(spec), epilogue=Epilogue.STAGED)
+    for spec in (HD128_SHORT, HD128_SHORT_FP8)
 )
 
 
