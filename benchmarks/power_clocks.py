@@ -63,14 +63,21 @@ class Nvml:
         self.lib = ctypes.CDLL("libnvidia-ml.so.1")
         self._check(self.lib.nvmlInit_v2())
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        bus = f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
         self.handle = ctypes.c_void_p()
-        rc = self.lib.nvmlDeviceGetHandleByPciBusId_v2(bus.encode(), ctypes.byref(self.handle))
+        try:
+            bus = f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
+            rc = self.lib.nvmlDeviceGetHandleByPciBusId_v2(bus.encode(), ctypes.byref(self.handle))
+        except AttributeError:  # a torch without the PCI fields
+            rc = 1
         if rc:  # fall back to the first device (one-GPU machines)
             self._check(self.lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(self.handle)))
         limit = ctypes.c_uint()
         self._check(self.lib.nvmlDeviceGetEnforcedPowerLimit(self.handle, ctypes.byref(limit)))
         self.power_limit_w = limit.value / 1000
+        # Renamed "clocks event reasons" in newer drivers; the old name stays exported.
+        self._reasons = getattr(self.lib, "nvmlDeviceGetCurrentClocksEventReasons", None) or (
+            self.lib.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
 
     @staticmethod
     def _check(rc: int):
@@ -82,9 +89,7 @@ class Nvml:
         mhz, mw, reasons = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_ulonglong()
         self._check(self.lib.nvmlDeviceGetClockInfo(self.handle, NVML_CLOCK_SM, ctypes.byref(mhz)))
         self._check(self.lib.nvmlDeviceGetPowerUsage(self.handle, ctypes.byref(mw)))
-        self._check(
-            self.lib.nvmlDeviceGetCurrentClocksThrottleReasons(self.handle, ctypes.byref(reasons))
-        )
+        self._check(self._reasons(self.handle, ctypes.byref(reasons)))
         return float(mhz.value), mw.value / 1000, int(reasons.value)
 
 
