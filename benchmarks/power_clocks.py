@@ -3,13 +3,14 @@ the GPU's power limit, and how many cycles does each kernel take at the clock it
 
 Run: python benchmarks/power_clocks.py [--model llama-3.1-8b] [--pages 16,128]
                                        [--cases 16kx1,4kx4] [--variants "default"]
-                                       [--seconds 3] [--rounds 2] [--gemm 8192]
+                                       [--seconds 3] [--rounds 2] [--gemm 8192] [--fp8]
 
 do_bench's back-to-back launches (variants_ab.py) run at the clock the power limit leaves;
 single launches (tile_times.py) run faster. So two kernels that take the same time may do it
 with different cycle counts at different clocks. Per contender (variants_ab.py's spelling for
 ours; FA3 = vLLM's paged call, FA3c = FA3 on the same K/V contiguous; GEMM = a bf16 N^3
-matmul, the tensor pipe's own ceiling under the same limit), each round runs it for
+matmul, the tensor pipe's own ceiling under the same limit; --fp8: fp8_ab.py's contenders on
+an e4m3 cache instead, ours-fp8, FA3-fp8 and both on the bf16 twin), each round runs it for
 --seconds in chunks of launches timed by CUDA events while a thread samples NVML every 5 ms;
 the first third of each window is dropped (clocks settle). Rows (medians over the rounds):
   ms       mean time a launch over the kept chunks
@@ -180,20 +181,26 @@ def gemm_call(n: int):
 def measure(name, page, contenders, args, nvml: Nvml):
     shape = MODELS[args.model]
     specs = CASES[name][1]
-    case = make_paged_case(
-        specs,
-        *(shape.num_q_heads, shape.num_kv_heads, shape.head_dim, page, DT, "cuda"),
-        seed=0,
-    )
-    out = case.new_out()
-    fns, flops = {}, {}
     attn_flops = attention_flops(specs, shape.num_q_heads, shape.head_dim)
-    for text in contenders:
-        config, options = parse_contender(text)
-        fns[text] = ours_call(case, case.plan(config, **options), out)
-        flops[text] = attn_flops
-    fns["FA3"], flops["FA3"] = fa3_call(case), attn_flops
-    fns["FA3c"], flops["FA3c"] = fa3_contiguous_call(case), attn_flops
+    if args.fp8:
+        import fp8_ab
+
+        case = fp8_ab.make_case(args.model, specs, page)
+        fns = fp8_ab.contenders(case, [None], f"{name} p{page}")
+    else:
+        case = make_paged_case(
+            specs,
+            *(shape.num_q_heads, shape.num_kv_heads, shape.head_dim, page, DT, "cuda"),
+            seed=0,
+        )
+        out = case.new_out()
+        fns = {}
+        for text in contenders:
+            config, options = parse_contender(text)
+            fns[text] = ours_call(case, case.plan(config, **options), out)
+        fns["FA3"] = fa3_call(case)
+        fns["FA3c"] = fa3_contiguous_call(case)
+    flops = dict.fromkeys(fns, attn_flops)
     if args.gemm:
         fns[f"GEMM {args.gemm}^3"], flops[f"GEMM {args.gemm}^3"] = (
             gemm_call(args.gemm),
@@ -216,7 +223,7 @@ def measure(name, page, contenders, args, nvml: Nvml):
         ms, mhz, watts = med("ms"), med("mhz"), med("watts")
         tflops = flops[n] / (ms * 1e-3) / 1e12
         print(
-            f"{label if i == 0 else '':>12} | {n:<28} {ms:8.3f} ms {tflops:6.1f} TFLOP/s "
+            f"{label if i == 0 else '':>12} | {n:<32} {ms:8.3f} ms {tflops:6.1f} TFLOP/s "
             f"{mhz:6.0f} MHz {watts:5.0f} W ({watts / nvml.power_limit_w:4.0%}) "
             f"{ms * mhz / 1e3:7.3f} Mcyc  capped {med('capped'):4.0%} thermal "
             f"{med('thermal'):4.0%}  {watts / tflops:5.3f} pJ/flop",
@@ -233,11 +240,18 @@ def main(argv=None):
     ap.add_argument("--seconds", type=float, default=3.0, help="each contender's window")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--gemm", type=int, default=8192, help="N of the bf16 GEMM (0: none)")
+    ap.add_argument("--fp8", action="store_true", help="an e4m3 cache: fp8_ab.py's contenders")
     args = ap.parse_args(argv)
+    if args.fp8:
+        import fp8_ab
+
+        pages = sorted({p for n in args.cases.split(",") for p in case_pages(n, args.pages)})
+        fp8_ab.precompile([args.model], pages, [None], jobs=8)
     nvml = Nvml()
     print(
         f"device={torch.cuda.get_device_name()} model={args.model} power_limit="
-        f"{nvml.power_limit_w:.0f} W seconds={args.seconds} rounds={args.rounds}",
+        f"{nvml.power_limit_w:.0f} W kv={'fp8_e4m3' if args.fp8 else 'bf16'} "
+        f"seconds={args.seconds} rounds={args.rounds}",
         flush=True,
     )
     for name in args.cases.split(","):
