@@ -45,6 +45,8 @@ from variants_ab import (  # noqa: E402
     DEFAULT_MODEL,
     DT,
     _pages,
+    _softcap,
+    _window_left,
     case_pages,
     fa3_call,
     fa3_contiguous_call,
@@ -181,7 +183,9 @@ def gemm_call(n: int):
 def measure(name, page, contenders, args, nvml: Nvml):
     shape = MODELS[args.model]
     specs = CASES[name][1]
-    attn_flops = attention_flops(specs, shape.num_q_heads, shape.head_dim)
+    attn_flops = attention_flops(
+        specs, shape.num_q_heads, shape.head_dim, window_left=args.window_left
+    )
     if args.fp8:
         import fp8_ab
 
@@ -192,6 +196,8 @@ def measure(name, page, contenders, args, nvml: Nvml):
             specs,
             *(shape.num_q_heads, shape.num_kv_heads, shape.head_dim, page, DT, "cuda"),
             seed=0,
+            window_left=args.window_left,
+            softcap=args.softcap,
         )
         out = case.new_out()
         fns = {}
@@ -241,7 +247,11 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--gemm", type=int, default=8192, help="N of the bf16 GEMM (0: none)")
     ap.add_argument("--fp8", action="store_true", help="an e4m3 cache: fp8_ab.py's contenders")
+    ap.add_argument("--window-left", type=_window_left, default=None, help="as variants_ab.py")
+    ap.add_argument("--softcap", type=_softcap, default=None, help="as variants_ab.py")
     args = ap.parse_args(argv)
+    if args.fp8 and (args.window_left is not None or args.softcap is not None):
+        ap.error("--fp8 runs fp8_ab.py's plain causal cases; no --window-left / --softcap")
     if args.fp8:
         import fp8_ab
 
@@ -251,6 +261,7 @@ def main(argv=None):
     print(
         f"device={torch.cuda.get_device_name()} model={args.model} power_limit="
         f"{nvml.power_limit_w:.0f} W kv={'fp8_e4m3' if args.fp8 else 'bf16'} "
+        f"window_left={args.window_left} softcap={args.softcap} "
         f"seconds={args.seconds} rounds={args.rounds}",
         flush=True,
     )
