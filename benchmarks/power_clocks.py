@@ -134,7 +134,7 @@ class Window:
 
 
 def run_window(fn, sampler: Sampler, seconds: float, chunk: int) -> Window:
-    """Launch ``fn`` in chunks of ``chunk`` for ``seconds``; keep the last two thirds."""
+    """Launch ``fn`` in chunks of ``chunk`` for ``seconds``; summarize the last two thirds."""
     fn()
     torch.cuda.synchronize()
     chunks = []  # (host start, host end, ms a launch)
@@ -148,9 +148,15 @@ def run_window(fn, sampler: Sampler, seconds: float, chunk: int) -> Window:
         end.record()
         end.synchronize()
         chunks.append((h0, time.perf_counter(), begin.elapsed_time(end) / chunk))
+    return summarize(chunks, sampler.between, t_start, seconds)
+
+
+def summarize(chunks, samples_between, t_start: float, seconds: float) -> Window:
+    """The window's chunks that started after its first third (clocks settle under the power
+    limit within a few hundred ms), and the samples taken while they ran."""
     keep_from = t_start + seconds / 3
     kept = [c for c in chunks if c[0] >= keep_from] or chunks[-1:]
-    samples = sampler.between(kept[0][0], kept[-1][1])
+    samples = samples_between(kept[0][0], kept[-1][1])
     if not samples:
         raise RuntimeError("no NVML samples inside the window (raise --seconds)")
     return Window(
