@@ -22,11 +22,16 @@ Times: median over --rounds interleaved rounds of triton's do_bench median; spre
 softcap) the feature; TFLOP/s then counts only the pairs inside the window. --sinks gives
 both seeded per-head sink logits (gpt-oss). The header line and every row label name the
 model, window, cap and sinks, so such a log cannot pass for a plain Llama-8B causal one.
+--clocks adds each contender's mean SM clock while do_bench timed it (NVML, as
+power_clocks.py) and its cycles a launch (time x clock): on a power-capped GPU a change that
+saves cycles without saving energy comes back as a lower clock (docs/perf-notes.md, session 28).
 """
 
 import argparse
+import contextlib
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -179,6 +184,7 @@ def run(
     softcap=None,
     sinks=False,
     model=DEFAULT_MODEL,
+    sampler=None,
 ):
     shape = MODELS[model]
     hq, hkv, hd = shape.num_q_heads, shape.num_kv_heads, shape.head_dim
@@ -209,9 +215,14 @@ def run(
     # drift over the run hits all of them alike; report the median round.
     names = list(fns)
     times = {n: [] for n in names}
+    mhz = {n: [] for n in names}  # --clocks: mean SM clock over each do_bench call
     for r in range(rounds):
         for n in names[r % len(names) :] + names[: r % len(names)]:
+            t0 = time.perf_counter()
             times[n].append(do_bench(fns[n], return_mode="median") * 1e-3)
+            if sampler is not None:
+                clocks = [s[0] for s in sampler.between(t0, time.perf_counter())]
+                mhz[n].append(statistics.fmean(clocks) if clocks else float("nan"))
     med = {n: statistics.median(ts) for n, ts in times.items()}
     tag = mask_tag(window_left, softcap, sinks, model)
     label = f"{name} p{page}" + (f" {tag}" if tag else "")
@@ -225,9 +236,13 @@ def run(
             else f"  /FA3 {med['FA3'] / t:.3f}"
             + ("" if n == FA3_CONTIGUOUS else f"  /FA3c {med[FA3_CONTIGUOUS] / t:.3f}")
         )
+        cycles = ""
+        if sampler is not None:
+            clock = statistics.median(mhz[n])
+            cycles = f"  {clock:5.0f} MHz {t * clock:7.3f} Mcyc"
         print(
             f"{label if i == 0 else '':>{width}} | {n:<34} {flops / t / 1e12:6.1f} TFLOP/s "
-            f"{t * 1e3:8.3f} ms  spread {spread:5.1%}{ratio}"
+            f"{t * 1e3:8.3f} ms  spread {spread:5.1%}{ratio}{cycles}"
         )
 
 
@@ -293,6 +308,11 @@ def parse_args(argv=None):
         choices=list(MODELS),
         help="attention shape (query heads, KV heads, head dim); default %(default)s",
     )
+    ap.add_argument(
+        "--clocks",
+        action="store_true",
+        help="also each contender's mean SM clock while timed and its cycles a launch (NVML)",
+    )
     args = ap.parse_args(argv)
     unknown = [name for name in args.cases.split(",") if name not in CASES]
     if unknown:
@@ -311,20 +331,27 @@ def main(argv=None):
         f"device={torch.cuda.get_device_name()} model={args.model} contenders={contenders} "
         f"{mask_header(args.window_left, args.softcap, args.sinks)}"
     )
-    for name in args.cases.split(","):
-        specs = CASES[name][1]
-        for page in case_pages(name, args.pages):
-            run(
-                name,
-                specs,
-                page,
-                contenders,
-                args.rounds,
-                args.window_left,
-                args.softcap,
-                args.sinks,
-                args.model,
-            )
+    with contextlib.ExitStack() as stack:
+        sampler = None
+        if args.clocks:
+            from power_clocks import Nvml, Sampler
+
+            sampler = stack.enter_context(Sampler(Nvml()))
+        for name in args.cases.split(","):
+            specs = CASES[name][1]
+            for page in case_pages(name, args.pages):
+                run(
+                    name,
+                    specs,
+                    page,
+                    contenders,
+                    args.rounds,
+                    args.window_left,
+                    args.softcap,
+                    args.sinks,
+                    args.model,
+                    sampler,
+                )
 
 
 if __name__ == "__main__":
