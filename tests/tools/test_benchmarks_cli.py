@@ -411,9 +411,9 @@ def test_variants_ab_header(variants_ab, monkeypatch, capsys):
     assert lines[0].endswith("mask=causal window_left=none softcap=none sinks=none")
     assert lines[1].endswith("mask=causal window_left=4095 softcap=none sinks=none")
     assert "model=llama-3.1-8b" in lines[0]
-    assert [c[5:] for c in calls] == [
-        (None, None, False, "llama-3.1-8b"),
-        (4095, None, False, "llama-3.1-8b"),
+    assert [c[5:] for c in calls] == [  # window, cap, sinks, model, sampler (no --clocks)
+        (None, None, False, "llama-3.1-8b", None),
+        (4095, None, False, "llama-3.1-8b", None),
     ]
 
 
