@@ -8,9 +8,10 @@ fewer bytes is worth what those bytes cost. A persistent Triton kernel streams i
   L1     each program re-reads a 16 KiB slice of its own (default caching: L1 hits)
   L2     each program re-reads its own slice of a 32 MiB buffer, loads marked ``.cg`` (L2 only)
   HBM    one pass over 8 GiB, ``.cg``
-Each runs back to back for --seconds with NVML sampled (power_clocks.py's sampler; the first
-third dropped). A row: bytes a second, board power, SM clock, and the energy a byte over the
-L1 row's (the same loop and XORs, so what is left is the path below L1) and over the idle board.
+Each runs back to back for --seconds in power_clocks.py's window (NVML sampled, CUDA events
+time the launches, the first third dropped). A row: bytes a second, board power, SM clock,
+and the energy a byte over the L1 row's (the same loop and XORs, so what is left is the path
+below L1) and over the idle board.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from power_clocks import Nvml, Sampler  # noqa: E402
+from power_clocks import Nvml, Sampler, chunk_for, run_window  # noqa: E402
 
 BLOCK = 1024  # int32 words a program loads a step (4 KiB: 16 bytes a thread at 8 warps)
 
@@ -56,26 +57,6 @@ def stream_call(programs: int, words_per_prog: int, passes: int, cg: bool):
     return fn, programs * words_per_prog * 4 * passes
 
 
-def window(fn, nbytes: int, sampler: Sampler, seconds: float):
-    """(bytes a second, watts, MHz) over the last two thirds of ``seconds`` back to back."""
-    fn()
-    torch.cuda.synchronize()
-    stamps = []  # (host time after a sync, launches so far)
-    t0 = time.perf_counter()
-    n = 0
-    while time.perf_counter() - t0 < seconds:
-        for _ in range(10):
-            fn()
-        torch.cuda.synchronize()
-        n += 10
-        stamps.append((time.perf_counter(), n))
-    keep = [s for s in stamps if s[0] >= t0 + seconds / 3]
-    (ta, na), (tb, nb) = keep[0], keep[-1]
-    samples = sampler.between(ta, tb)
-    rate = (nb - na) * nbytes / (tb - ta)
-    return rate, statistics.fmean(s[1] for s in samples), statistics.fmean(s[0] for s in samples)
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=3.0)
@@ -97,13 +78,15 @@ def main(argv=None):
             f"limit={nvml.power_limit_w:.0f} W programs={programs}",
             flush=True,
         )
+        # name -> (bytes a launch, power_clocks.py's window of it)
         rows = {
-            name: window(fn, nbytes, sampler, args.seconds)
+            name: (nbytes, run_window(fn, sampler, args.seconds, chunk_for(fn)))
             for name, (fn, nbytes) in settings.items()
         }
-    l1_rate, l1_watts, _ = rows["L1"]
-    l1_pj = l1_watts / l1_rate * 1e12
-    for name, (rate, watts, mhz) in rows.items():
+    rates = {name: nbytes / (w.ms * 1e-3) for name, (nbytes, w) in rows.items()}
+    l1_pj = rows["L1"][1].watts / rates["L1"] * 1e12
+    for name, (_, w) in rows.items():
+        rate, watts, mhz = rates[name], w.watts, w.mhz
         pj = watts / rate * 1e12
         print(
             f"{name:4} {rate / 1e12:6.2f} TB/s {watts:5.0f} W ({watts / nvml.power_limit_w:4.0%}) "
