@@ -131,6 +131,25 @@ def test_a_short_pick_with_another_n_tile_is_tiled_again():
         assert plan.total_work == int(want[:, 3].sum())
 
 
+def test_kv_multicast_pairs_each_tile_as_two_virtual_heads():
+    """`kv_multicast`: tiles of half the group's heads (twice the tokens), each row twice in
+    a row as virtual KV heads 2h and 2h + 1, in the unpaired list's order."""
+    from vllm_fa4.paged_prefill.plan import build_work_tiles
+
+    config = KernelConfig.parse("one_per_cta+pv_wait_mid+lazy_max+kv_multicast")
+    configs = ServingConfigs(long=config, short=config)
+    hq, hkv, specs = 32, 8, [(3000, 5000), (700, 700)]
+    plan = _plan(specs, hq, hkv, 128, config=configs, l2_section_bytes=None)
+    assert plan.geometry.tokens_per_tile == 64  # 128 rows of 2 heads
+    single = build_work_tiles(np.array([3000, 700]), np.array([5000, 700]), hkv, 64, 128)
+    rows = plan.work_tiles_cpu.numpy()
+    assert plan.num_tiles == rows.shape[0] == 2 * single.shape[0]
+    assert np.array_equal(rows[0::2, [0, 2, 3]], single[:, [0, 2, 3]])
+    assert np.array_equal(rows[1::2, [0, 2, 3]], single[:, [0, 2, 3]])
+    assert np.array_equal(rows[0::2, 1], 2 * single[:, 1])
+    assert np.array_equal(rows[1::2, 1], 2 * single[:, 1] + 1)
+
+
 def test_chunk_after_long_context_ranks_before_fresh_prefill():
     plan = _plan([(2048, 2048), (2048, 16384 + 2048)])
     rows = plan.work_tiles_cpu.tolist()

@@ -158,15 +158,19 @@ class TileGeometry:
     tokens_per_tile: int  # query tokens per M tile: the GQA heads of a token sit in adjacent rows
 
 
-def tile_geometry(key: KernelKey, mma_wgs: int = 2, block_n: int = 0) -> TileGeometry:
+def tile_geometry(
+    key: KernelKey, mma_wgs: int = 2, block_n: int = 0, heads_per_tile: int = 0
+) -> TileGeometry:
     """The tile sizes of ``key`` built with ``mma_wgs`` consumer warpgroups (64 rows each) and
     ``block_n`` keys a K/V tile (0: the key's default, 128, or 64 at head dim 256). The default
     is a multiple of every supported page size up to 64 and divides 128, so a K/V tile is a
     whole number of pages or a whole fraction of one; another ``block_n`` must keep that for
-    its key's page size (``KernelConfig.unsupported_reason``)."""
+    its key's page size (``KernelConfig.unsupported_reason``). ``heads_per_tile``: query heads
+    side by side in a tile's rows (0: the key's GQA group; `kv_multicast` packs half of it)."""
     tile_m = 64 * mma_wgs
     tile_n = block_n or (64 if key.head_dim == 256 else 128)
-    return TileGeometry(tile_m, tile_n, tile_m // max(key.qhead_per_kvhead, 1))
+    heads = heads_per_tile or key.qhead_per_kvhead
+    return TileGeometry(tile_m, tile_n, tile_m // max(heads, 1))
 
 
 def grid_shift_keys(key: KernelKey, tile_n: int) -> int:
@@ -327,6 +331,12 @@ class KernelConfig:
     # Test-only instrumentation, never spelled (TileProbe).
     tile_probe: TileProbe = TileProbe.NONE
     fp8_qk: Fp8Qk = Fp8Qk.CONVERTED_K
+    # Clusters of two CTAs on the same tokens of one KV head, each holding half of the GQA
+    # group's query heads: each CTA loads half of every K/V block (its 64-column chunks) by
+    # TMA and multicasts it to both, so the L2 serves each block once a pair (a byte from L2
+    # costs ~27 pJ on the H200, a landed byte ~5: benchmarks/tma_energy.py, session 29). The
+    # work list holds each tile twice, as virtual KV heads 2h and 2h + 1 (plan.py).
+    kv_multicast: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> KernelConfig:
@@ -351,7 +361,7 @@ class KernelConfig:
             name, eq, number = token.partition("=")
             if name in ("mma_wgs", "block_n") and eq:
                 field, value = name, _int_value(name, number, token)
-            elif token in ("v_warp", "lazy_max"):
+            elif token in ("v_warp", "lazy_max", "kv_multicast"):
                 field, value = token, True
             elif token in _BY_SPELLING:
                 value = _BY_SPELLING[token]
@@ -369,7 +379,7 @@ class KernelConfig:
     @classmethod
     def spellings(cls) -> str:
         values = [member.value for axis in AXES for member in axis]
-        return ", ".join([*values, "v_warp", "lazy_max", "mma_wgs=N", "block_n=N"])
+        return ", ".join([*values, "v_warp", "lazy_max", "kv_multicast", "mma_wgs=N", "block_n=N"])
 
     @property
     def spec(self) -> str:
@@ -384,6 +394,7 @@ class KernelConfig:
             "epilogue",
             "lazy_max",
             "fp8_qk",
+            "kv_multicast",
         ):
             value = getattr(self, name)
             if value != getattr(default, name):
@@ -396,7 +407,12 @@ class KernelConfig:
 
     def geometry(self, key: KernelKey) -> TileGeometry:
         """The tile sizes this config builds ``key``'s kernel with."""
-        return tile_geometry(key, self.mma_wgs, self.block_n)
+        return tile_geometry(key, self.mma_wgs, self.block_n, self.heads_per_tile(key))
+
+    def heads_per_tile(self, key: KernelKey) -> int:
+        """Query heads side by side in a tile's rows: the GQA group, half of it with
+        `kv_multicast` (the cluster's other CTA holds the other half)."""
+        return key.qhead_per_kvhead // 2 if self.kv_multicast else key.qhead_per_kvhead
 
     def unsupported_reason(self, key: KernelKey) -> str | None:
         """Why this config cannot build ``key``'s kernel, or None."""
@@ -419,6 +435,10 @@ class KernelConfig:
                 return "'tma_epilogue' with 'q_tma' on an fp8 KV cache"
             if 64 % key.qhead_per_kvhead:
                 return "'tma_epilogue' needs a warpgroup's 64 rows to be whole tokens"
+        if self.kv_multicast:
+            reason = self._multicast_unsupported_reason(key)
+            if reason is not None:
+                return reason
         if self.mma_wgs not in (2, 3):
             return f"mma_wgs={self.mma_wgs} (supported: 2, 3)"
         if self.mma_wgs == 3 and key.head_dim != 64:
@@ -448,6 +468,21 @@ class KernelConfig:
                 f"{what} need {smem // 1024} KB of shared memory at head "
                 f"dim {key.head_dim} (limit {SMEM_BYTES // 1024} KB)"
             )
+        return None
+
+    def _multicast_unsupported_reason(self, key: KernelKey) -> str | None:
+        """What `kv_multicast` is built for so far: one pair of tiles a cluster, 16-bit
+        caches without a window, per-chunk boxes split between the two CTAs by chunk."""
+        if self.tiles is not Tiles.ONE_PER_CTA:
+            return "'kv_multicast' needs 'one_per_cta' (a cluster's CTAs share one work row)"
+        if key.qhead_per_kvhead % 2:
+            return f"'kv_multicast' with GQA group {key.qhead_per_kvhead} (an even group)"
+        if key.head_dim < 128:
+            return "'kv_multicast' at head dim 64 (the CTAs split a block by 64-column chunks)"
+        if key.fp8_kv or key.sliding_window:
+            return "'kv_multicast' with an fp8 cache or a window"
+        if self.kv_box is not KvBox.PER_CHUNK or self.q_load is not QLoad.CP_ASYNC:
+            return "'kv_multicast' with 'wide_box' or Q by TMA"
         return None
 
     def _block_n_unsupported_reason(self, key: KernelKey) -> str | None:

@@ -251,7 +251,10 @@ class Sm90PagedPrefill:
         self.has_lse = has_lse
         self.dtype = CUTLASS_DTYPES[key.dtype]
         self.head_dim = key.head_dim
-        self.qhead_per_kvhead = key.qhead_per_kvhead
+        # Query heads a tile holds: the GQA group, or half of it with `kv_multicast`, whose
+        # work rows name virtual KV heads 2h and 2h + 1 (head h's halves; K/V read head h).
+        self.qhead_per_kvhead = cfg.heads_per_tile(key)
+        self.kv_multicast = cfg.kv_multicast
         geometry = cfg.geometry(key)
         self.tile_m = geometry.tile_m
         self.tile_n = geometry.tile_n
@@ -492,8 +495,11 @@ class Sm90PagedPrefill:
             s_blk, s_tok = mK.layout.stride[0], mK.layout.stride[1]
             kv_boxes_per_block = Int32(s_blk // (s_tok * self.box_n))
         tma_op = cpasync.CopyBulkTensorTileG2SOp()
-        tma_atom_K, mK_tma = self.make_kv_tma(mK, tma_op, kv_boxes_per_block)
-        tma_atom_V, mV_tma = self.make_kv_tma(mV, tma_op, kv_boxes_per_block)
+        kv_op = tma_op
+        if cutlass.const_expr(self.kv_multicast):
+            kv_op = cpasync.CopyBulkTensorTileG2SMulticastOp()
+        tma_atom_K, mK_tma = self.make_kv_tma(mK, kv_op, kv_boxes_per_block)
+        tma_atom_V, mV_tma = self.make_kv_tma(mV, kv_op, kv_boxes_per_block)
 
         tma_atom_Q, mQ_tma = None, None
         if cutlass.const_expr(self.q_tma):
@@ -561,6 +567,7 @@ class Sm90PagedPrefill:
             block=[self.cfg.num_threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
+            **({"cluster": [2, 1, 1]} if self.kv_multicast else {}),
         )
 
     # ---------------------------------------------------------------- device code
@@ -621,8 +628,13 @@ class Sm90PagedPrefill:
         elif cutlass.const_expr(self.fp8_kv):
             load_k, load_v, pipe_k, pipe_v = self.make_fp8_pipelines(storage)
         else:
-            # consumer_release arrives once per warp (lane 0), so count warps.
-            mma_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads // 32)
+            # consumer_release arrives once per warp (lane 0), so count warps; with
+            # `kv_multicast` each warp also frees the partner CTA's stage (lane 1), whose
+            # producer writes into this CTA's stages too.
+            cluster = 2 if self.kv_multicast else 1
+            mma_warps = pipeline.CooperativeGroup(
+                pipeline.Agent.Thread, cluster * self.num_mma_threads // 32
+            )
             pipe_k, pipe_v = self.make_tma_pipelines(storage.mbar_k, storage.mbar_v, mma_warps)
             load_k, load_v = pipe_k, pipe_v
         q_empty = None
@@ -657,7 +669,7 @@ class Sm90PagedPrefill:
             slots = storage.queue_slots.get_tensor(slot_layout)
             num_ctas = cute.arch.grid_dim()[0]
             queue = TileQueue(mTileCounters, pipe_queue, slots, num_ctas, work_words=words)
-        pipeline.pipeline_init_arrive()
+        pipeline.pipeline_init_arrive(self.cluster_shape())
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sQ_mma = None  # `q_converts`: the same bytes as the GEMMs read them (fp16)
@@ -689,7 +701,7 @@ class Sm90PagedPrefill:
             self.shift_keys,
         )
         first_tile = cute.arch.block_idx()[0]
-        pipeline.pipeline_init_wait()
+        pipeline.pipeline_init_wait(self.cluster_shape())
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
@@ -740,6 +752,19 @@ class Sm90PagedPrefill:
             walk(consume, cons_args, state, tile_args, first_tile, queue, False)
             if cutlass.const_expr(self.tma_epilogue):
                 cute.arch.cp_async_bulk_wait_group(0, read=True)  # sQ outlives O's last stores
+        if cutlass.const_expr(self.kv_multicast):
+            # The partner's consumers arrive on this CTA's empty barriers until their last
+            # block: neither CTA leaves before both are done.
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+
+    def cluster_shape(self):
+        """The cluster's (M, N) shape for the pipelines' init sync (None: no cluster)."""
+        return cute.make_layout((2, 1)) if self.kv_multicast else None
+
+    def cache_head(self, kv_head):
+        """The K/V cache head of a work row's KV head (`kv_multicast`: virtual head // 2)."""
+        return kv_head // 2 if self.kv_multicast else kv_head
 
     def make_tma_pipelines(self, mbar_k, mbar_v, consumers):
         """K's and V's TMA pipelines over the load ring (transaction bytes of a cache tile)."""
@@ -748,6 +773,9 @@ class Sm90PagedPrefill:
     def make_tma_pipeline(self, barriers, consumers):
         """One TMA pipeline over the load ring (transaction bytes of a cache tile)."""
         kv_bytes = self.tile_n * self.head_dim * (self.cache_dtype.width // 8)
+        cluster = {}
+        if self.kv_multicast:  # each CTA's stage gets its half and the partner's
+            cluster = {"cta_layout_vmnk": cute.make_layout((1, 2, 1, 1))}
         return pipeline.PipelineTmaAsync.create(
             barrier_storage=barriers.data_ptr(),
             num_stages=self.load_stages,
@@ -755,6 +783,7 @@ class Sm90PagedPrefill:
             consumer_group=consumers,
             tx_count=kv_bytes,
             defer_sync=True,
+            **cluster,
         )
 
     def make_fp8_pipelines(self, storage):
@@ -1074,6 +1103,9 @@ class Sm90PagedPrefill:
         mbar = pipe.producer_get_barrier(state)
         if cutlass.const_expr(q_boxes is not None):
             q_boxes(mbar)
+        mcast_rank = None  # `kv_multicast`: this CTA issues its chunks for both
+        if cutlass.const_expr(self.kv_multicast):
+            mcast_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
         if pages is None:
             load_paged_tile(
                 atom,
@@ -1088,6 +1120,7 @@ class Sm90PagedPrefill:
                 *self.paged_tile_geometry,
                 src.boxes_per_block,
                 key_offset,
+                mcast_rank,
             )
         else:
             issue_paged_tile(
@@ -1101,6 +1134,7 @@ class Sm90PagedPrefill:
                 *self.paged_tile_geometry,
                 src.boxes_per_block,
                 key_offset,
+                mcast_rank,
             )
 
     def _kv_source(self, pipe, atom, mX_tma, sX, kv_head, boxes_per_block) -> KvSource:
@@ -1124,7 +1158,7 @@ class Sm90PagedPrefill:
             cute.arch.mbarrier_wait(q_load.empty + q_state.index, q_state.phase)
             q_boxes = partial(self.issue_q_boxes, work, q_load, q_state.index)
         ctx = (mPageTable[work.batch, None], work.k_len, pool.num_blocks, work.key_offset)
-        head, boxes = work.kv_head, pool.boxes_per_block
+        head, boxes = self.cache_head(work.kv_head), pool.boxes_per_block
         k_src = self._kv_source(pipe_k, tma_atom_K, mK_tma, sK, head, boxes)
         v_src = self._kv_source(pipe_v, tma_atom_V, mV_tma, sV, head, boxes)
         n_max, n_min = work.n_block_max, work.n_block_min
@@ -1186,7 +1220,9 @@ class Sm90PagedPrefill:
         """`v_warp`: one tile's V loads, last block first; returns the advanced state."""
         mPageTable, mV_tma, tma_atom_V, sV, pool, pipe_v = args
         boxes = pool.boxes_per_block
-        v_src = self._kv_source(pipe_v, tma_atom_V, mV_tma, sV, work.kv_head, boxes)
+        v_src = self._kv_source(
+            pipe_v, tma_atom_V, mV_tma, sV, self.cache_head(work.kv_head), boxes
+        )
         ctx = (mPageTable[work.batch, None], work.k_len, pool.num_blocks, work.key_offset)
         return self.issue_blocks((v_src,), state, ctx, work.n_block_max, work.n_block_min)
 

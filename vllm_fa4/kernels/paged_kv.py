@@ -92,10 +92,16 @@ def partition_slot_boxes(
 
 
 @cute.jit
-def _issue_box(tma_atom, tXs, tXg, b, rowblk, page, stage, mbar, boxes_per_block):
+def _issue_box(tma_atom, tXs, tXg, b, rowblk, page, stage, mbar, boxes_per_block, mcast_rank):
     """Box b of a tile: one per 64-column chunk, or with `wide_box` (boxes_per_block given)
-    one for the whole row block."""
-    if cutlass.const_expr(boxes_per_block is None):
+    one for the whole row block. `mcast_rank` (`kv_multicast`, else None): this CTA's rank in
+    its two-CTA cluster; it issues the chunks of its parity, each multicast to both CTAs."""
+    if cutlass.const_expr(mcast_rank is not None):
+        for j in cutlass.range_constexpr(cute.size(tXs, mode=[2]) // 2):
+            c = 2 * j + mcast_rank
+            src, dst = tXg[None, rowblk, c, page], tXs[None, b, c, stage]
+            cute.copy(tma_atom, src, dst, tma_bar_ptr=mbar, mcast_mask=cutlass.Int16(3))
+    elif cutlass.const_expr(boxes_per_block is None):
         for c in cutlass.range_constexpr(cute.size(tXs, mode=[2])):
             src, dst = tXg[None, rowblk, c, page], tXs[None, b, c, stage]
             cute.copy(tma_atom, src, dst, tma_bar_ptr=mbar)
@@ -147,6 +153,7 @@ def load_paged_tile(
     page_size: cutlass.Constexpr[int],
     boxes_per_block=None,  # `wide_box`: boxes of box_n slots per cache block, else None
     key_offset=0,  # TileWork.key_offset
+    mcast_rank=None,  # `kv_multicast`: the CTA's rank in its cluster (_issue_box)
 ):
     """Issue every box of K/V tile n_block into `stage`, all on the stage's mbarrier."""
     last_page = last_page_of(page_row, k_len, page_size)
@@ -155,7 +162,7 @@ def load_paged_tile(
         token = first_key + b * box_n
         page = box_page(page_row, token, last_page, k_len, num_blocks, page_size)
         rowblk = (token % page_size) // box_n
-        _issue_box(tma_atom, tXs, tXg, b, rowblk, page, stage, mbar, boxes_per_block)
+        _issue_box(tma_atom, tXs, tXg, b, rowblk, page, stage, mbar, boxes_per_block, mcast_rank)
 
 
 # ---- page_prefetch variant: the producer warp reads a block's page-table entries one block
@@ -198,6 +205,7 @@ def issue_paged_tile(
     page_size: cutlass.Constexpr[int],
     boxes_per_block=None,
     key_offset=0,  # TileWork.key_offset
+    mcast_rank=None,  # `kv_multicast` (_issue_box)
 ):
     """load_paged_tile with the pages already read: box b's page comes from lane b."""
     boxes = tile_n // box_n
@@ -208,4 +216,4 @@ def issue_paged_tile(
             page = cute.arch.shuffle_sync(lane_pages, b)
         token = first_key + b * box_n
         rowblk = (token % page_size) // box_n
-        _issue_box(tma_atom, tXs, tXg, b, rowblk, page, stage, mbar, boxes_per_block)
+        _issue_box(tma_atom, tXs, tXg, b, rowblk, page, stage, mbar, boxes_per_block, mcast_rank)

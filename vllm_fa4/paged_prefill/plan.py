@@ -95,8 +95,12 @@ def build_work_tiles(
     window_left: int | None = None,
     shift_keys: int = 0,
     tail_sections: int = 1,
+    paired_heads: bool = False,
 ) -> np.ndarray:
     """LPT work list on the CPU: int64 [num_tiles, 4] rows (batch, kv_head, m_block, cost).
+
+    ``paired_heads`` (`kv_multicast`): every tile twice in a row, as virtual KV heads 2h and
+    2h + 1 (each half of head h's query heads), for the two CTAs of one cluster.
 
     ``cost`` counts the K/V tiles a tile visits: [n_block_min, n_block_max), n_block_min
     > 0 only with a sliding window (``window_left``: keys a row sees left of its diagonal).
@@ -156,7 +160,11 @@ def build_work_tiles(
             section = np.minimum(section, max(int(section.max()) - tail_sections + 1, 0))
         pair = batch * num_kv_heads + kv_head
         order = np.lexsort((-cost, section[pair]))  # stable: ties keep enumeration order
-    return np.stack((batch, kv_head, m_block, cost), axis=1)[order]
+    rows = np.stack((batch, kv_head, m_block, cost), axis=1)[order]
+    if paired_heads:
+        rows = np.repeat(rows, 2, axis=0)
+        rows[:, 1] = 2 * rows[:, 1] + np.tile(np.arange(2, dtype=np.int64), rows.shape[0] // 2)
+    return rows
 
 
 def _l2_sections(
@@ -274,7 +282,7 @@ def plan_prefill(
             f"GQA group size {key.qhead_per_kvhead} exceeds the M tile ({geometry.tile_m} rows)"
         )
 
-    def tile(geometry: TileGeometry) -> np.ndarray:
+    def tile(geometry: TileGeometry, paired_heads: bool = False) -> np.ndarray:
         return build_work_tiles(
             q_lens,
             k_lens,
@@ -286,15 +294,18 @@ def plan_prefill(
             tail_sections=tail_sections,
             window_left=window_left,
             shift_keys=grid_shift_keys(key, geometry.tile_n),
+            paired_heads=paired_heads,
         )
 
     tiles = tile(geometry)
     num_tiles = tiles.shape[0]
     total_work = int(tiles[:, 3].sum()) if num_tiles else 0
     config = configs.pick(num_tiles, total_work)
-    if config.geometry(key) != geometry:  # a short pick with its own N tile: its costs, order
+    if config.geometry(key) != geometry or config.kv_multicast:
+        # a short pick with its own N tile: its costs, order; a cluster's pairs of rows
         geometry = config.geometry(key)
-        tiles = tile(geometry)
+        tiles = tile(geometry, config.kv_multicast)
+        num_tiles = tiles.shape[0]
         total_work = int(tiles[:, 3].sum()) if num_tiles else 0
     tiles32 = torch.from_numpy(tiles.astype(np.int32))
     if device.type == "cuda":
