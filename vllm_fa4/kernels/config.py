@@ -337,6 +337,9 @@ class KernelConfig:
     # costs ~27 pJ on the H200, a landed byte ~5: benchmarks/tma_energy.py, session 29). The
     # work list holds each tile twice, as virtual KV heads 2h and 2h + 1 (plan.py).
     kv_multicast: bool = False
+    # K/V stages of a 16-bit cache's ring (0: KV_STAGES). A multicast stage is freed only
+    # when both CTAs' consumers are done with it, so a deeper ring may hide the pair's jitter.
+    kv_stages: int = 0
 
     @classmethod
     def parse(cls, spec: str) -> KernelConfig:
@@ -359,7 +362,7 @@ class KernelConfig:
             if not token:
                 continue
             name, eq, number = token.partition("=")
-            if name in ("mma_wgs", "block_n") and eq:
+            if name in ("mma_wgs", "block_n", "kv_stages") and eq:
                 field, value = name, _int_value(name, number, token)
             elif token in ("v_warp", "lazy_max", "kv_multicast"):
                 field, value = token, True
@@ -379,7 +382,8 @@ class KernelConfig:
     @classmethod
     def spellings(cls) -> str:
         values = [member.value for axis in AXES for member in axis]
-        return ", ".join([*values, "v_warp", "lazy_max", "kv_multicast", "mma_wgs=N", "block_n=N"])
+        flags = ("v_warp", "lazy_max", "kv_multicast", "mma_wgs=N", "block_n=N", "kv_stages=N")
+        return ", ".join([*values, *flags])
 
     @property
     def spec(self) -> str:
@@ -403,6 +407,8 @@ class KernelConfig:
             parts.append(f"mma_wgs={self.mma_wgs}")
         if self.block_n != default.block_n:
             parts.append(f"block_n={self.block_n}")
+        if self.kv_stages != default.kv_stages:
+            parts.append(f"kv_stages={self.kv_stages}")
         return "+".join(parts)
 
     def geometry(self, key: KernelKey) -> TileGeometry:
@@ -435,6 +441,8 @@ class KernelConfig:
                 return "'tma_epilogue' with 'q_tma' on an fp8 KV cache"
             if 64 % key.qhead_per_kvhead:
                 return "'tma_epilogue' needs a warpgroup's 64 rows to be whole tokens"
+        if self.kv_stages and (key.fp8_kv or not 2 <= self.kv_stages <= 4):
+            return f"kv_stages={self.kv_stages} (2 to 4, 16-bit caches)"
         if self.kv_multicast:
             reason = self._multicast_unsupported_reason(key)
             if reason is not None:
@@ -461,7 +469,8 @@ class KernelConfig:
         smem = self._smem_bytes(key, max(self.staging_stages(key), key.fp8_kv))
         if smem > SMEM_BYTES - 1024:  # keep 1 KB for the mbarriers and alignment
             q_stages = self.q_stages
-            what = f"{KV_STAGES} K/V stages" + (f" and {q_stages} Q stages" if q_stages > 1 else "")
+            what = f"{self.stages} K/V stages"
+            what += f" and {q_stages} Q stages" if q_stages > 1 else ""
             if key.fp8_kv:
                 what += " and an fp8 staging stage"
             return (
@@ -472,7 +481,8 @@ class KernelConfig:
 
     def _multicast_unsupported_reason(self, key: KernelKey) -> str | None:
         """What `kv_multicast` is built for so far: one pair of tiles a cluster, 16-bit
-        caches without a window, per-chunk boxes split between the two CTAs by chunk."""
+        caches without a window, per-chunk boxes split between the two CTAs by chunk (with
+        `wide_box` by box: an even number a block)."""
         if self.tiles is not Tiles.ONE_PER_CTA:
             return "'kv_multicast' needs 'one_per_cta' (a cluster's CTAs share one work row)"
         if key.qhead_per_kvhead % 2:
@@ -481,8 +491,11 @@ class KernelConfig:
             return "'kv_multicast' at head dim 64 (the CTAs split a block by 64-column chunks)"
         if key.fp8_kv or key.sliding_window:
             return "'kv_multicast' with an fp8 cache or a window"
-        if self.kv_box is not KvBox.PER_CHUNK or self.q_load is not QLoad.CP_ASYNC:
-            return "'kv_multicast' with 'wide_box' or Q by TMA"
+        if self.q_load is not QLoad.CP_ASYNC:
+            return "'kv_multicast' with Q by TMA"
+        wide_boxes = self.geometry(key).tile_n // self.box_n(key)
+        if self.kv_box is KvBox.WIDE and wide_boxes % 2:
+            return f"'kv_multicast' with 'wide_box' at {wide_boxes} box(es) a block (even)"
         return None
 
     def _block_n_unsupported_reason(self, key: KernelKey) -> str | None:
@@ -535,7 +548,7 @@ class KernelConfig:
         if self.fp8_qk is Fp8Qk.SPLIT_Q and key.fp8_kv:
             split_q = 2 * geo.tile_m * key.head_dim + 4 * geo.tile_m
             return q_bytes + split_q + kv_tile * (KV_STAGES + 2 * KV_STAGES + staging_stages)
-        return q_bytes + 2 * 2 * kv_tile * KV_STAGES + 2 * kv_tile * staging_stages
+        return q_bytes + 2 * 2 * kv_tile * self.stages + 2 * kv_tile * staging_stages
 
     def staging_stages(self, key: KernelKey) -> int:
         """fp8 cache: slots of the fp8 staging ring per tensor, 2 where shared memory allows
@@ -558,6 +571,11 @@ class KernelConfig:
         an overlapped step (ping-pong), none with the serial one or `overlap_free`."""
         unturned = (BlockStep.SERIAL, BlockStep.OVERLAP_FREE)
         return 0 if self.block_step in unturned else self.mma_wgs
+
+    @property
+    def stages(self) -> int:
+        """K/V stages of the 16-bit ring (`kv_stages`, else KV_STAGES)."""
+        return self.kv_stages or KV_STAGES
 
     @property
     def q_stages(self) -> int:

@@ -39,7 +39,6 @@ from cutlass.utils import LayoutEnum
 
 from vllm_fa4.kernels.barriers import turn_pass, turn_wait, turns_begin, wg_sync
 from vllm_fa4.kernels.config import (
-    KV_STAGES,
     BlockStep,
     Epilogue,
     Fp8Qk,
@@ -266,7 +265,7 @@ class Sm90PagedPrefill:
         # A window's tiles shift their block grid by whole pages where a page is shorter
         # than a block (tile_scheduler.tile_work).
         self.shift_keys = grid_shift_keys(key, self.tile_n)
-        self.stages = KV_STAGES
+        self.stages = cfg.stages
         # An fp8 cache: TMA fills a staging ring of fp8 tiles that converter warps turn
         # into the 16-bit K/V stages (fp8_kv.py); the TMA ring is the staging ring then.
         self.fp8_kv = key.fp8_kv
@@ -285,7 +284,7 @@ class Sm90PagedPrefill:
         self.qk_dtype = self.cache_dtype if self.fp8_qk else self.mma_dtype
         self.q_converts = self.mma_dtype is not self.dtype and not self.fp8_qk
         self.staging_stages = cfg.staging_stages(key)
-        self.load_stages = self.staging_stages or KV_STAGES
+        self.load_stages = self.staging_stages or self.stages
         self.converter_warps = converter_warps(cfg.v_warp) if key.fp8_kv else ()
         self.converter_threads = 32 * len(self.converter_warps)
         self.producer_regs, self.mma_regs = cfg.register_split(key)

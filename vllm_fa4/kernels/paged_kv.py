@@ -95,8 +95,9 @@ def partition_slot_boxes(
 def _issue_box(tma_atom, tXs, tXg, b, rowblk, page, stage, mbar, boxes_per_block, mcast_rank):
     """Box b of a tile: one per 64-column chunk, or with `wide_box` (boxes_per_block given)
     one for the whole row block. `mcast_rank` (`kv_multicast`, else None): this CTA's rank in
-    its two-CTA cluster; it issues the chunks of its parity, each multicast to both CTAs."""
-    if cutlass.const_expr(mcast_rank is not None):
+    its two-CTA cluster; it issues the chunks (with `wide_box` the boxes) of its parity, each
+    multicast to both CTAs."""
+    if cutlass.const_expr(mcast_rank is not None and boxes_per_block is None):
         for j in cutlass.range_constexpr(cute.size(tXs, mode=[2]) // 2):
             c = 2 * j + mcast_rank
             src, dst = tXg[None, rowblk, c, page], tXs[None, b, c, stage]
@@ -105,9 +106,17 @@ def _issue_box(tma_atom, tXs, tXg, b, rowblk, page, stage, mbar, boxes_per_block
         for c in cutlass.range_constexpr(cute.size(tXs, mode=[2])):
             src, dst = tXg[None, rowblk, c, page], tXs[None, b, c, stage]
             cute.copy(tma_atom, src, dst, tma_bar_ptr=mbar)
-    else:
+    elif cutlass.const_expr(mcast_rank is None):
         src = tXg[None, page * boxes_per_block + rowblk]
         cute.copy(tma_atom, src, tXs[None, b, stage], tma_bar_ptr=mbar)
+    elif b % 2 == mcast_rank:
+        cute.copy(
+            tma_atom,
+            tXg[None, page * boxes_per_block + rowblk],
+            tXs[None, b, stage],
+            tma_bar_ptr=mbar,
+            mcast_mask=cutlass.Int16(3),
+        )
 
 
 @cute.jit
