@@ -166,7 +166,7 @@ def tile_geometry(
     is a multiple of every supported page size up to 64 and divides 128, so a K/V tile is a
     whole number of pages or a whole fraction of one; another ``block_n`` must keep that for
     its key's page size (``KernelConfig.unsupported_reason``). ``heads_per_tile``: query heads
-    side by side in a tile's rows (0: the key's GQA group; `kv_multicast` packs half of it)."""
+    side by side in a tile's rows (0: the key's GQA group; KvShare's pairs pack half of it)."""
     tile_m = 64 * mma_wgs
     tile_n = block_n or (64 if key.head_dim == 256 else 128)
     heads = heads_per_tile or key.qhead_per_kvhead
@@ -273,6 +273,22 @@ class Fp8Qk(Enum):
     SPLIT_Q = "fp8_qk"
 
 
+class KvShare(Enum):
+    """Whether CTAs on one KV head's tokens share its K/V reads (issue 32, session 29)."""
+
+    # Each tile holds the whole GQA group's heads and loads every block it visits.
+    OWN = "kv_own"
+    # Tiles of half the group's heads over twice the tokens; the work list holds each tile
+    # twice, as virtual KV heads 2h and 2h + 1 (plan.py); each loads its blocks itself. The
+    # tile shape MULTICAST needs, without the cluster: what the shape alone costs.
+    SPLIT_HEADS = "kv_split_heads"
+    # SPLIT_HEADS with the pair in a two-CTA cluster: each CTA loads half of every K/V block
+    # (its 64-column chunks; with `wide_box` its boxes) by TMA and multicasts it to both, so
+    # the L2 serves each block once a pair (~27 pJ a byte from L2 against ~5 a landed byte on
+    # the H200: benchmarks/tma_energy.py); each consumer warp frees the stage in both CTAs.
+    MULTICAST = "kv_multicast"
+
+
 class TileProbe(Enum):
     """Test-only instrumentation of the tiles, never spelled (no spec, so no environment, can
     select it); the first consumer thread writes into work_tiles."""
@@ -288,7 +304,7 @@ class TileProbe(Enum):
     STAMP_TIMES = "stamp_times"
 
 
-AXES = (Tiles, BlockStep, QLoad, KvBox, PageRead, Epilogue, Fp8Qk)
+AXES = (Tiles, BlockStep, QLoad, KvBox, PageRead, Epilogue, Fp8Qk, KvShare)
 _BY_SPELLING = {member.value: member for axis in AXES for member in axis}
 
 
@@ -331,12 +347,7 @@ class KernelConfig:
     # Test-only instrumentation, never spelled (TileProbe).
     tile_probe: TileProbe = TileProbe.NONE
     fp8_qk: Fp8Qk = Fp8Qk.CONVERTED_K
-    # Clusters of two CTAs on the same tokens of one KV head, each holding half of the GQA
-    # group's query heads: each CTA loads half of every K/V block (its 64-column chunks) by
-    # TMA and multicasts it to both, so the L2 serves each block once a pair (a byte from L2
-    # costs ~27 pJ on the H200, a landed byte ~5: benchmarks/tma_energy.py, session 29). The
-    # work list holds each tile twice, as virtual KV heads 2h and 2h + 1 (plan.py).
-    kv_multicast: bool = False
+    kv_share: KvShare = KvShare.OWN
     # K/V stages of a 16-bit cache's ring (0: KV_STAGES). A multicast stage is freed only
     # when both CTAs' consumers are done with it, so a deeper ring may hide the pair's jitter.
     kv_stages: int = 0
@@ -364,7 +375,7 @@ class KernelConfig:
             name, eq, number = token.partition("=")
             if name in ("mma_wgs", "block_n", "kv_stages") and eq:
                 field, value = name, _int_value(name, number, token)
-            elif token in ("v_warp", "lazy_max", "kv_multicast"):
+            elif token in ("v_warp", "lazy_max"):
                 field, value = token, True
             elif token in _BY_SPELLING:
                 value = _BY_SPELLING[token]
@@ -382,7 +393,7 @@ class KernelConfig:
     @classmethod
     def spellings(cls) -> str:
         values = [member.value for axis in AXES for member in axis]
-        flags = ("v_warp", "lazy_max", "kv_multicast", "mma_wgs=N", "block_n=N", "kv_stages=N")
+        flags = ("v_warp", "lazy_max", "mma_wgs=N", "block_n=N", "kv_stages=N")
         return ", ".join([*values, *flags])
 
     @property
@@ -398,7 +409,7 @@ class KernelConfig:
             "epilogue",
             "lazy_max",
             "fp8_qk",
-            "kv_multicast",
+            "kv_share",
         ):
             value = getattr(self, name)
             if value != getattr(default, name):
@@ -416,9 +427,18 @@ class KernelConfig:
         return tile_geometry(key, self.mma_wgs, self.block_n, self.heads_per_tile(key))
 
     def heads_per_tile(self, key: KernelKey) -> int:
-        """Query heads side by side in a tile's rows: the GQA group, half of it with
-        `kv_multicast` (the cluster's other CTA holds the other half)."""
-        return key.qhead_per_kvhead // 2 if self.kv_multicast else key.qhead_per_kvhead
+        """Query heads side by side in a tile's rows: the GQA group, or half of it where
+        tiles pair up (KvShare: the other half is the paired row's)."""
+        return key.qhead_per_kvhead // 2 if self.paired_heads else key.qhead_per_kvhead
+
+    @property
+    def paired_heads(self) -> bool:
+        """Work rows name virtual KV heads 2h and 2h + 1 (KvShare.SPLIT_HEADS, MULTICAST)."""
+        return self.kv_share is not KvShare.OWN
+
+    @property
+    def kv_multicast(self) -> bool:
+        return self.kv_share is KvShare.MULTICAST
 
     def unsupported_reason(self, key: KernelKey) -> str | None:
         """Why this config cannot build ``key``'s kernel, or None."""
@@ -443,8 +463,8 @@ class KernelConfig:
                 return "'tma_epilogue' needs a warpgroup's 64 rows to be whole tokens"
         if self.kv_stages and (key.fp8_kv or not 2 <= self.kv_stages <= 4):
             return f"kv_stages={self.kv_stages} (2 to 4, 16-bit caches)"
-        if self.kv_multicast:
-            reason = self._multicast_unsupported_reason(key)
+        if self.paired_heads:
+            reason = self._kv_share_unsupported_reason(key)
             if reason is not None:
                 return reason
         if self.mma_wgs not in (2, 3):
@@ -479,14 +499,17 @@ class KernelConfig:
             )
         return None
 
-    def _multicast_unsupported_reason(self, key: KernelKey) -> str | None:
-        """What `kv_multicast` is built for so far: one pair of tiles a cluster, 16-bit
-        caches without a window, per-chunk boxes split between the two CTAs by chunk (with
-        `wide_box` by box: an even number a block)."""
+    def _kv_share_unsupported_reason(self, key: KernelKey) -> str | None:
+        """What KvShare's pairs are built for so far: an even GQA group; the multicast on
+        one pair of tiles a cluster, 16-bit caches without a window, per-chunk boxes split
+        between the two CTAs by chunk (with `wide_box` by box: an even number a block)."""
+        name = self.kv_share.value
+        if key.qhead_per_kvhead % 2:
+            return f"'{name}' with GQA group {key.qhead_per_kvhead} (an even group)"
+        if not self.kv_multicast:
+            return None
         if self.tiles is not Tiles.ONE_PER_CTA:
             return "'kv_multicast' needs 'one_per_cta' (a cluster's CTAs share one work row)"
-        if key.qhead_per_kvhead % 2:
-            return f"'kv_multicast' with GQA group {key.qhead_per_kvhead} (an even group)"
         if key.head_dim < 128:
             return "'kv_multicast' at head dim 64 (the CTAs split a block by 64-column chunks)"
         if key.fp8_kv or key.sliding_window:
@@ -626,6 +649,7 @@ _FIELD_OF = {
     PageRead: "page_read",
     Epilogue: "epilogue",
     Fp8Qk: "fp8_qk",
+    KvShare: "kv_share",
 }
 
 

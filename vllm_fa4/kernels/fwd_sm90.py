@@ -250,9 +250,10 @@ class Sm90PagedPrefill:
         self.has_lse = has_lse
         self.dtype = CUTLASS_DTYPES[key.dtype]
         self.head_dim = key.head_dim
-        # Query heads a tile holds: the GQA group, or half of it with `kv_multicast`, whose
-        # work rows name virtual KV heads 2h and 2h + 1 (head h's halves; K/V read head h).
+        # Query heads a tile holds: the GQA group, or half of it where tiles pair up
+        # (KvShare), whose work rows name virtual KV heads 2h and 2h + 1 (K/V read head h).
         self.qhead_per_kvhead = cfg.heads_per_tile(key)
+        self.paired_heads = cfg.paired_heads
         self.kv_multicast = cfg.kv_multicast
         geometry = cfg.geometry(key)
         self.tile_m = geometry.tile_m
@@ -762,8 +763,8 @@ class Sm90PagedPrefill:
         return cute.make_layout((2, 1)) if self.kv_multicast else None
 
     def cache_head(self, kv_head):
-        """The K/V cache head of a work row's KV head (`kv_multicast`: virtual head // 2)."""
-        return kv_head // 2 if self.kv_multicast else kv_head
+        """The K/V cache head of a work row's KV head (paired rows: virtual head // 2)."""
+        return kv_head // 2 if self.paired_heads else kv_head
 
     def make_tma_pipelines(self, mbar_k, mbar_v, consumers):
         """K's and V's TMA pipelines over the load ring (transaction bytes of a cache tile)."""

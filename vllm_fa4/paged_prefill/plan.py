@@ -99,8 +99,9 @@ def build_work_tiles(
 ) -> np.ndarray:
     """LPT work list on the CPU: int64 [num_tiles, 4] rows (batch, kv_head, m_block, cost).
 
-    ``paired_heads`` (`kv_multicast`): every tile twice in a row, as virtual KV heads 2h and
-    2h + 1 (each half of head h's query heads), for the two CTAs of one cluster.
+    ``paired_heads`` (``KernelConfig.paired_heads``): every tile twice in a row, as virtual
+    KV heads 2h and 2h + 1 (each half of head h's query heads; with the multicast, the two
+    CTAs of one cluster).
 
     ``cost`` counts the K/V tiles a tile visits: [n_block_min, n_block_max), n_block_min
     > 0 only with a sliding window (``window_left``: keys a row sees left of its diagonal).
@@ -301,10 +302,10 @@ def plan_prefill(
     num_tiles = tiles.shape[0]
     total_work = int(tiles[:, 3].sum()) if num_tiles else 0
     config = configs.pick(num_tiles, total_work)
-    if config.geometry(key) != geometry or config.kv_multicast:
+    if config.geometry(key) != geometry or config.paired_heads:
         # a short pick with its own N tile: its costs, order; a cluster's pairs of rows
         geometry = config.geometry(key)
-        tiles = tile(geometry, config.kv_multicast)
+        tiles = tile(geometry, config.paired_heads)
         num_tiles = tiles.shape[0]
         total_work = int(tiles[:, 3].sum()) if num_tiles else 0
     tiles32 = torch.from_numpy(tiles.astype(np.int32))

@@ -68,6 +68,7 @@ ALL_CONFIGS = tuple(
         "queue_with_work+overlap+q_tma+wide_box+lazy_max+mma_wgs=3",
         # K/V multicast to a two-CTA cluster (session 29)
         "one_per_cta+pv_wait_mid+lazy_max+kv_multicast",
+        "one_per_cta+pv_wait_mid+lazy_max+kv_split_heads",
     )
 )
 
