@@ -196,6 +196,17 @@ class Tiles(Enum):
     QUEUE_WITH_WORK = "queue_with_work"
 
 
+class TileClaim(Enum):
+    """How a persistent CTA takes its next tile (tile_scheduler.TileQueue)."""
+
+    # The next list row from a global atomic counter: CTAs take rows in list (LPT) order as
+    # they become free.
+    ATOMIC = "claim_atomic"
+    # Its first row plus k times the grid, no atomics: the two CTAs of a `kv_multicast`
+    # cluster then take their paired rows in step (session 29).
+    STRIDED = "claim_strided"
+
+
 class QLoad(Enum):
     """How a tile's Q reaches shared memory."""
 
@@ -304,7 +315,7 @@ class TileProbe(Enum):
     STAMP_TIMES = "stamp_times"
 
 
-AXES = (Tiles, BlockStep, QLoad, KvBox, PageRead, Epilogue, Fp8Qk, KvShare)
+AXES = (Tiles, BlockStep, QLoad, KvBox, PageRead, Epilogue, Fp8Qk, KvShare, TileClaim)
 _BY_SPELLING = {member.value: member for axis in AXES for member in axis}
 
 
@@ -348,6 +359,7 @@ class KernelConfig:
     tile_probe: TileProbe = TileProbe.NONE
     fp8_qk: Fp8Qk = Fp8Qk.CONVERTED_K
     kv_share: KvShare = KvShare.OWN
+    claim: TileClaim = TileClaim.ATOMIC
     # K/V stages of a 16-bit cache's ring (0: KV_STAGES). A multicast stage is freed only
     # when both CTAs' consumers are done with it, so a deeper ring may hide the pair's jitter.
     kv_stages: int = 0
@@ -410,6 +422,7 @@ class KernelConfig:
             "lazy_max",
             "fp8_qk",
             "kv_share",
+            "claim",
         ):
             value = getattr(self, name)
             if value != getattr(default, name):
@@ -467,6 +480,8 @@ class KernelConfig:
             reason = self._kv_share_unsupported_reason(key)
             if reason is not None:
                 return reason
+        if self.claim is TileClaim.STRIDED and not self.persistent:
+            return "'claim_strided' needs a persistent grid ('queue' or 'queue_with_work')"
         if self.mma_wgs not in (2, 3):
             return f"mma_wgs={self.mma_wgs} (supported: 2, 3)"
         if self.mma_wgs == 3 and key.head_dim != 64:
@@ -508,14 +523,15 @@ class KernelConfig:
             return f"'{name}' with GQA group {key.qhead_per_kvhead} (an even group)"
         if not self.kv_multicast:
             return None
-        if self.tiles is not Tiles.ONE_PER_CTA:
-            return "'kv_multicast' needs 'one_per_cta' (a cluster's CTAs share one work row)"
+        if self.persistent and self.claim is not TileClaim.STRIDED:
+            # a cluster's CTAs must take their paired rows in step
+            return "'kv_multicast' on a persistent grid needs 'claim_strided'"
         if key.head_dim < 128:
             return "'kv_multicast' at head dim 64 (the CTAs split a block by 64-column chunks)"
         if key.fp8_kv or key.sliding_window:
             return "'kv_multicast' with an fp8 cache or a window"
-        if self.q_load is not QLoad.CP_ASYNC:
-            return "'kv_multicast' with Q by TMA"
+        if self.q_load is QLoad.PREFETCH:
+            return "'kv_multicast' with 'q_prefetch'"
         wide_boxes = self.geometry(key).tile_n // self.box_n(key)
         if self.kv_box is KvBox.WIDE and wide_boxes % 2:
             return f"'kv_multicast' with 'wide_box' at {wide_boxes} box(es) a block (even)"
@@ -650,6 +666,7 @@ _FIELD_OF = {
     Epilogue: "epilogue",
     Fp8Qk: "fp8_qk",
     KvShare: "kv_share",
+    TileClaim: "claim",
 }
 
 

@@ -47,6 +47,7 @@ from vllm_fa4.kernels.config import (
     KvBox,
     PageRead,
     QLoad,
+    TileClaim,
     TileProbe,
     Tiles,
     grid_shift_keys,
@@ -668,7 +669,10 @@ class Sm90PagedPrefill:
                 slot_layout = cute.make_layout(TILE_QUEUE_STAGES)
             slots = storage.queue_slots.get_tensor(slot_layout)
             num_ctas = cute.arch.grid_dim()[0]
-            queue = TileQueue(mTileCounters, pipe_queue, slots, num_ctas, work_words=words)
+            strided = self.cfg.claim is TileClaim.STRIDED
+            queue = TileQueue(
+                mTileCounters, pipe_queue, slots, num_ctas, work_words=words, strided=strided
+            )
         pipeline.pipeline_init_arrive(self.cluster_shape())
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
@@ -942,7 +946,7 @@ class Sm90PagedPrefill:
                 self.issue_q(tile_work(*tile_args, tile), mQ, sQ, tidx, wg)
         while tile < num_tiles:
             if cutlass.const_expr(is_producer):
-                claimed = claim()  # in flight while this tile's loads issue
+                claimed = claim(tile)  # in flight while this tile's loads issue
                 if cutlass.const_expr(self.q_tma):
                     work = self.tile_work_q_tma(tile_args, tile)
                     state, q_state = role(work, role_args, state, q_state=q_state)
@@ -1016,7 +1020,7 @@ class Sm90PagedPrefill:
             work = self.tile_work_q_tma(tile_args, cutlass.min(tile, last))
             queue_state = publish_work(tile, work, queue_state)
             while tile < num_tiles:
-                claimed = claim()  # in flight while this tile's loads issue
+                claimed = claim(tile)  # in flight while this tile's loads issue
                 # `work` is the tile's, as published (carried from the previous publish).
                 state, q_state = role(work, role_args, state, q_state=q_state)
                 tile = next_tile(claimed)

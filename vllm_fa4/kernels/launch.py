@@ -95,6 +95,8 @@ def prefill_forward(
     fn = get_kernel(key, config, lse is not None)
     if num_ctas is None:
         num_ctas = min(args.work_tiles.shape[0], _sm_count(q.device))
+    if config.kv_multicast:  # whole clusters of two (the paired rows keep their parity)
+        num_ctas -= num_ctas % 2
     fn(
         q,
         k_cache,

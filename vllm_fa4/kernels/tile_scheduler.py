@@ -170,6 +170,7 @@ class TileQueue:
         slots: cute.Tensor,
         num_ctas: Int32,
         work_words: tuple = (),
+        strided: bool = False,
     ):
         self.counters = counters  # [2] int32 in global memory: claims, finished CTAs
         self.pipe = pipe
@@ -178,14 +179,20 @@ class TileQueue:
         self.slots = slots
         self.num_ctas = num_ctas
         self.work_words = work_words
+        # TileClaim.STRIDED: the CTA's next tile is its current one plus the grid (no atomics)
+        self.strided = strided
 
     @cute.jit
-    def claim(self) -> Int32:
-        """Producer warp: start claiming the tile after the current one (lane 0's value)."""
+    def claim(self, tile: Int32) -> Int32:
+        """Producer warp: start claiming the tile after the current one, `tile` (lane 0's
+        value; the next tile is the claim plus num_ctas)."""
         claimed = Int32(0)
-        claims_ptr = self.counters.iterator
-        if cute.arch.lane_idx() == 0:
-            claimed = cute.arch.atomic_add(claims_ptr, Int32(1), sem="relaxed", scope="gpu")
+        if cutlass.const_expr(self.strided):
+            claimed = tile
+        else:
+            claims_ptr = self.counters.iterator
+            if cute.arch.lane_idx() == 0:
+                claimed = cute.arch.atomic_add(claims_ptr, Int32(1), sem="relaxed", scope="gpu")
         return claimed
 
     @cute.jit
@@ -250,11 +257,13 @@ class TileQueue:
 
     @cute.jit
     def finish(self):
-        """Producer warp, after its last claim: the last CTA to get here zeroes the counter."""
+        """Producer warp, after its last claim: the last CTA to get here zeroes the counter
+        (strided claims never touch it)."""
         counters, num_ctas = self.counters, self.num_ctas
-        if cute.arch.lane_idx() == 0:
-            done_ptr = counters.iterator + 1
-            done = cute.arch.atomic_add(done_ptr, Int32(1), sem="acq_rel", scope="gpu")
-            if done == num_ctas - 1:
-                counters[0] = Int32(0)
-                counters[1] = Int32(0)
+        if cutlass.const_expr(not self.strided):
+            if cute.arch.lane_idx() == 0:
+                done_ptr = counters.iterator + 1
+                done = cute.arch.atomic_add(done_ptr, Int32(1), sem="acq_rel", scope="gpu")
+                if done == num_ctas - 1:
+                    counters[0] = Int32(0)
+                    counters[1] = Int32(0)
