@@ -205,6 +205,10 @@ class TileClaim(Enum):
     # Its first row plus k times the grid, no atomics: the two CTAs of a `kv_multicast`
     # cluster then take their paired rows in step (session 29).
     STRIDED = "claim_strided"
+    # A `kv_multicast` cluster's rank 0 claims a pair of rows from the atomic counter and
+    # hands the claim to rank 1 through distributed shared memory (st.async on an
+    # mbarrier): pairs in list (LPT) order without the strided walk's fixed order.
+    CLUSTER = "claim_cluster"
 
 
 class QLoad(Enum):
@@ -482,6 +486,10 @@ class KernelConfig:
                 return reason
         if self.claim is TileClaim.STRIDED and not self.persistent:
             return "'claim_strided' needs a persistent grid ('queue' or 'queue_with_work')"
+        if self.claim is TileClaim.CLUSTER and not (
+            self.kv_multicast and self.tiles is Tiles.QUEUE_WITH_WORK
+        ):
+            return "'claim_cluster' needs 'kv_multicast' and 'queue_with_work'"
         if self.mma_wgs not in (2, 3):
             return f"mma_wgs={self.mma_wgs} (supported: 2, 3)"
         if self.mma_wgs == 3 and key.head_dim != 64:
@@ -523,9 +531,9 @@ class KernelConfig:
             return f"'{name}' with GQA group {key.qhead_per_kvhead} (an even group)"
         if not self.kv_multicast:
             return None
-        if self.persistent and self.claim is not TileClaim.STRIDED:
+        if self.persistent and self.claim is TileClaim.ATOMIC:
             # a cluster's CTAs must take their paired rows in step
-            return "'kv_multicast' on a persistent grid needs 'claim_strided'"
+            return "'kv_multicast' on a persistent grid needs 'claim_strided' or 'claim_cluster'"
         if key.head_dim < 128:
             return "'kv_multicast' at head dim 64 (the CTAs split a block by 64-column chunks)"
         if key.fp8_kv or key.sliding_window:

@@ -90,6 +90,7 @@ from vllm_fa4.kernels.softmax import (
 )
 from vllm_fa4.kernels.tile_scheduler import (
     TILE_QUEUE_STAGES,
+    ClaimHandoff,
     TileQueue,
     WorkList,
     queue_work_words,
@@ -356,6 +357,9 @@ class Sm90PagedPrefill:
             fields["mbar_queue"] = mem[cutlass.Int64, TILE_QUEUE_STAGES * 2]
             words = 1 + len(self.queue_work_words)
             fields["queue_slots"] = mem[cutlass.Int32, TILE_QUEUE_STAGES * words]
+        if self.cfg.claim is TileClaim.CLUSTER:  # ClaimHandoff's mbarriers (full, empty), slot
+            fields["mbar_claim"] = mem[cutlass.Int64, 2]
+            fields["claim_slot"] = align[mem[cutlass.Int32, 4], 16]
         if self.q_tma:
             fields["mbar_q_empty"] = mem[cutlass.Int64, self.cfg.q_stages]
         staged = ("sV8",) if self.fp8_qk else ("sK8", "sV8")
@@ -670,8 +674,19 @@ class Sm90PagedPrefill:
             slots = storage.queue_slots.get_tensor(slot_layout)
             num_ctas = cute.arch.grid_dim()[0]
             strided = self.cfg.claim is TileClaim.STRIDED
+            handoff = None
+            if cutlass.const_expr(self.cfg.claim is TileClaim.CLUSTER):
+                full = storage.mbar_claim.data_ptr()
+                if tidx == 0:
+                    cute.arch.mbarrier_init(full, 1)
+                    cute.arch.mbarrier_init(full + 1, 1)
+                rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+                handoff = ClaimHandoff(storage.claim_slot.data_ptr(), full, full + 1, rank)
             queue = TileQueue(
-                mTileCounters, pipe_queue, slots, num_ctas, work_words=words, strided=strided
+                *(mTileCounters, pipe_queue, slots, num_ctas),
+                work_words=words,
+                strided=strided,
+                handoff=handoff,
             )
         pipeline.pipeline_init_arrive(self.cluster_shape())
 
@@ -1019,11 +1034,13 @@ class Sm90PagedPrefill:
             last = num_tiles - 1  # a tile past the list (the consumers' stop) reads the last row
             work = self.tile_work_q_tma(tile_args, cutlass.min(tile, last))
             queue_state = publish_work(tile, work, queue_state)
+            claims = Int32(0)  # TileClaim.CLUSTER's handoff phase
             while tile < num_tiles:
-                claimed = claim(tile)  # in flight while this tile's loads issue
+                claimed = claim(tile, claims)  # in flight while this tile's loads issue
                 # `work` is the tile's, as published (carried from the previous publish).
                 state, q_state = role(work, role_args, state, q_state=q_state)
-                tile = next_tile(claimed)
+                tile = next_tile(claimed, claims)
+                claims += 1
                 work = self.tile_work_q_tma(tile_args, cutlass.min(tile, last))
                 queue_state = publish_work(tile, work, queue_state)
         else:

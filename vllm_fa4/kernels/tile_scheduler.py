@@ -171,6 +171,7 @@ class TileQueue:
         num_ctas: Int32,
         work_words: tuple = (),
         strided: bool = False,
+        handoff=None,
     ):
         self.counters = counters  # [2] int32 in global memory: claims, finished CTAs
         self.pipe = pipe
@@ -181,14 +182,18 @@ class TileQueue:
         self.work_words = work_words
         # TileClaim.STRIDED: the CTA's next tile is its current one plus the grid (no atomics)
         self.strided = strided
+        # TileClaim.CLUSTER: ClaimHandoff (rank 0 claims a pair of rows, rank 1 receives it)
+        self.handoff = handoff
 
     @cute.jit
-    def claim(self, tile: Int32) -> Int32:
+    def claim(self, tile: Int32, n: Int32 = 0) -> Int32:
         """Producer warp: start claiming the tile after the current one, `tile` (lane 0's
         value; the next tile is the claim plus num_ctas)."""
         claimed = Int32(0)
         if cutlass.const_expr(self.strided):
             claimed = tile
+        elif cutlass.const_expr(self.handoff is not None):
+            claimed = self.handoff.send_or_expect(self.counters.iterator, n)
         else:
             claims_ptr = self.counters.iterator
             if cute.arch.lane_idx() == 0:
@@ -218,9 +223,14 @@ class TileQueue:
 
     # ---- `queue_work`: (stage, word) slots, the index then `work_words` ----
     @cute.jit
-    def next_tile(self, claimed: Int32) -> Int32:
-        """Producer warp: the tile index lane 0's claim stands for."""
-        return cute.arch.shuffle_sync(claimed, 0) + self.num_ctas
+    def next_tile(self, claimed: Int32, n: Int32 = 0) -> Int32:
+        """Producer warp: the tile index lane 0's claim (its `n`-th) stands for."""
+        tile = Int32(0)
+        if cutlass.const_expr(self.handoff is not None):
+            tile = self.handoff.receive(claimed, n) + self.num_ctas
+        else:
+            tile = cute.arch.shuffle_sync(claimed, 0) + self.num_ctas
+        return tile
 
     @cute.jit
     def publish_work(self, tile: Int32, work: TileWork, state):
@@ -267,3 +277,47 @@ class TileQueue:
                 if done == num_ctas - 1:
                     counters[0] = Int32(0)
                     counters[1] = Int32(0)
+
+
+class ClaimHandoff(NamedTuple):
+    """TileClaim.CLUSTER: a `kv_multicast` cluster's two CTAs take paired work rows (2p,
+    2p + 1) in list order. Rank 0's producer lane takes p from the atomic counter and stores
+    it into rank 1's `slot` by st.async, which completes a transaction on rank 1's `full`
+    mbarrier; rank 1 reads it and arrives on rank 0's `empty` before the next claim may
+    overwrite it. One slot: claim n waits for `empty`'s phase n - 1."""
+
+    slot: cute.Pointer  # int32 in shared memory (same offset in both CTAs)
+    full: cute.Pointer  # mbarrier: 1 arrival (rank 1's own) + 4 transaction bytes
+    empty: cute.Pointer  # mbarrier: 1 arrival (rank 1's, remote)
+    rank: Int32  # block_idx_in_cluster (warp-uniform)
+
+    @cute.jit
+    def send_or_expect(self, counter, n: Int32) -> Int32:
+        """Producer warp at its n-th claim: rank 0's lane 0 claims a pair and sends it; rank
+        1's lane 0 arms `full` for it. Returns rank 0's pair index (lane 0; else 0)."""
+        claimed = Int32(0)
+        if cute.arch.lane_idx() == 0:
+            if self.rank == 0:
+                if n > 0:
+                    cute.arch.mbarrier_wait(self.empty, (n - 1) % 2)
+                claimed = cute.arch.atomic_add(counter, Int32(1), sem="relaxed", scope="gpu")
+                cute.arch.store_async_dsmem(self.slot, claimed, self.full, Int32(1))
+            else:
+                cute.arch.mbarrier_arrive_and_expect_tx(self.full, 4)
+        return claimed
+
+    @cute.jit
+    def receive(self, claimed: Int32, n: Int32) -> Int32:
+        """Producer warp: the work row the n-th claim gives this CTA (before the grid's
+        offset): 2p + rank."""
+        pair = claimed
+        if self.rank == 1:
+            if cute.arch.lane_idx() == 0:
+                cute.arch.mbarrier_wait(self.full, n % 2)
+                pair = self.slot.load()
+        # the shuffle needs the loaded value: rank 1 frees the slot only after reading it
+        pair = cute.arch.shuffle_sync(pair, 0)
+        if self.rank == 1:
+            if cute.arch.lane_idx() == 0:
+                cute.arch.mbarrier_arrive(self.empty, Int32(0))
+        return 2 * pair + self.rank

@@ -71,6 +71,8 @@ ALL_CONFIGS = tuple(
         "one_per_cta+pv_wait_mid+lazy_max+kv_split_heads",
         "queue_with_work+pv_wait_mid+q_tma+v_warp+lazy_max+kv_multicast+claim_strided",
         "queue_with_work+pv_wait_mid+q_tma+v_warp+wide_box+pages_ahead+lazy_max+kv_multicast+claim_strided",
+        "queue_with_work+pv_wait_mid+q_tma+v_warp+lazy_max+kv_multicast+claim_cluster",
+        "queue_with_work+pv_wait_mid+q_tma+v_warp+wide_box+pages_ahead+lazy_max+kv_multicast+claim_cluster",
     )
 )
 
