@@ -9,7 +9,7 @@ export VLLM_FA4_CACHE_DIR=/tmp/fa4-kernels PYTHONUNBUFFERED=1; mkdir -p -m 700 $
 run n30-tma-energy 150 python3 benchmarks/tma_energy.py --seconds 3
 L128=queue_with_work+pv_wait_mid+q_tma+v_warp+lazy_max
 L16=queue_with_work+pv_wait_mid+q_tma+v_warp+wide_box+pages_ahead+lazy_max
-if git rev-parse --verify -q wip/kv-multicast >/dev/null && grep -q claim_strided vllm_fa4/kernels/config.py; then
+if grep -q claim_strided vllm_fa4/kernels/config.py; then  # the branch's tree was sent
   run n30-pre 150 bash -c "python3 tools/precompile.py --model llama-3.1-8b -j 8 --pages 128 --configs '$L128 $L128+kv_multicast+claim_strided' & python3 tools/precompile.py --model llama-3.1-8b -j 8 --pages 16 --configs '$L16 $L16+kv_multicast+claim_strided' & wait"
   run n30-ab-pmc-p16 200 python3 benchmarks/variants_ab.py --variants "$L16 $L16+kv_multicast+claim_strided" --pages 16 --cases 4kx4,8kx2,16kx1,2k@64k --rounds 5
   run n30-ab-pmc-p128 200 python3 benchmarks/variants_ab.py --variants "$L128 $L128+kv_multicast+claim_strided" --pages 128 --cases 4kx4,8kx2,16kx1,2k@64k --rounds 5
