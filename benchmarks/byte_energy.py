@@ -17,9 +17,7 @@ below L1) and over the idle board.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -70,9 +68,7 @@ def main(argv=None):
         "HBM": stream_call(programs, (8 << 30) // 4 // programs // BLOCK * BLOCK, 1, cg=True),
     }
     with Sampler(nvml) as sampler:
-        t0 = time.perf_counter()
-        time.sleep(2.0)
-        idle = statistics.fmean(s[1] for s in sampler.between(t0 + 0.5, time.perf_counter()))
+        idle = sampler.idle_watts()
         print(
             f"device={torch.cuda.get_device_name()} idle={idle:.0f} W "
             f"limit={nvml.power_limit_w:.0f} W programs={programs}",

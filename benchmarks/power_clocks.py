@@ -121,6 +121,12 @@ class Sampler:
     def between(self, t0: float, t1: float):
         return [s[1:] for s in self.samples if t0 <= s[0] <= t1]
 
+    def idle_watts(self, seconds: float = 2.0) -> float:
+        """Board power with nothing launched: the mean over ``seconds`` after the first 0.5."""
+        t0 = time.perf_counter()
+        time.sleep(seconds)
+        return statistics.fmean(s[1] for s in self.between(t0 + 0.5, time.perf_counter()))
+
 
 @dataclass
 class Window:

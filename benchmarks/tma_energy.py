@@ -21,7 +21,6 @@ landed byte over the idle board.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -208,9 +207,7 @@ def main(argv=None):
         print(f"compiled {name} in {time.perf_counter() - t0:.1f} s", flush=True)
         settings[name] = stream_call(kernel, cluster, args.mib, args.tiles)
     with Sampler(nvml) as sampler:
-        t0 = time.perf_counter()
-        time.sleep(2.0)
-        idle = statistics.fmean(s[1] for s in sampler.between(t0 + 0.5, time.perf_counter()))
+        idle = sampler.idle_watts()
         print(
             f"device={torch.cuda.get_device_name()} idle={idle:.0f} W "
             f"limit={nvml.power_limit_w:.0f} W stages={args.stages} buffer={args.mib} MiB "

@@ -37,3 +37,16 @@ def test_summary_counts_the_share_of_capped_and_thermal_samples():
 def test_summary_refuses_a_window_without_samples():
     with pytest.raises(RuntimeError, match="no NVML samples"):
         power_clocks.summarize([(2.0, 3.0, 1.0)], lambda t0, t1: [], t_start=0.0, seconds=3.0)
+
+
+def test_idle_watts_skips_the_first_half_second():
+    class FakeNvml:  # 300 W while settling, then 100 W
+        def __init__(self):
+            self.t0 = power_clocks.time.perf_counter()
+
+        def sample(self):
+            settling = power_clocks.time.perf_counter() - self.t0 < 0.4
+            return 1980.0, 300.0 if settling else 100.0, 0
+
+    with power_clocks.Sampler(FakeNvml(), period=0.005) as sampler:
+        assert sampler.idle_watts(seconds=0.8) == pytest.approx(100.0)
