@@ -117,6 +117,7 @@ SHAPES = (
     # Qwen2.5-7B's group of 7 at head dim 128: its short pick stages O in the Q stage and
     # stores rows (staged_epilogue) instead of TMA boxes.
     Shape("bfloat16", 128, 16, 28, 4),
+    Shape("bfloat16", 128, 128, 28, 4),  # odd group: the long picks without the multicast
     Shape("bfloat16", 128, 16, 28, 4, kv_dtype=FP8),
     Shape("bfloat16", 256, 128, 16, 8, softcap=50.0),  # Gemma 2 global layers
     # Without the cap at page 128 the long pick stores O by TMA (policy.LONG_BY_PAGE).

@@ -57,14 +57,15 @@ def make_common(query_lens, seq_lens, pad_tokens=0):
     )
 
 
-def expected_tiles(query_lens, seq_lens):
-    """Brute force: every (request, kv head, m block) with its KV-tile count."""
+def expected_tiles(query_lens, seq_lens, tpt=TPT, heads=HKV):
+    """Brute force: every (request, kv head, m block) with its KV-tile count (``heads``:
+    2 * HKV virtual heads where the pick pairs tiles, `kv_multicast`)."""
     tiles = []
     for b, (q, k) in enumerate(zip(query_lens, seq_lens)):
-        for m in range(math.ceil(q / TPT)):
-            last = min(q, (m + 1) * TPT) - 1
+        for m in range(math.ceil(q / tpt)):
+            last = min(q, (m + 1) * tpt) - 1
             cost = math.ceil((k - q + last + 1) / TILE_N)
-            tiles += [(b, h, m, cost) for h in range(HKV)]
+            tiles += [(b, h, m, cost) for h in range(heads)]
     return tiles
 
 
@@ -76,10 +77,15 @@ def check_prefill(md, query_lens, seq_lens, nd):
     assert p.args.seqused_k.tolist() == ps
     assert p.max_seqlen_q == max(pq) and p.max_seqlen_k == max(ps)
     assert p.key.head_dim == D and p.key.page_size == BLOCK and p.key.qhead_per_kvhead == QPK
+    paired = p.config.paired_heads
+    tpt = p.geometry.tokens_per_tile
+    assert tpt == (2 * TPT if paired else TPT) and p.geometry.tile_n == TILE_N
     tiles = [tuple(r) for r in p.args.work_tiles.tolist()]
-    assert sorted(tiles) == sorted(expected_tiles(pq, ps))
+    assert sorted(tiles) == sorted(expected_tiles(pq, ps, tpt, 2 * HKV if paired else HKV))
     # The builder's order is the planner's: LPT inside L2 sections (test_plan checks it).
-    order = build_work_tiles(pq, ps, HKV, TPT, TILE_N, 2 * D * 2, L2_SECTION_BYTES)
+    order = build_work_tiles(
+        pq, ps, HKV, tpt, TILE_N, 2 * D * 2, L2_SECTION_BYTES, paired_heads=paired
+    )
     assert tiles == [tuple(r) for r in order.tolist()]
 
 

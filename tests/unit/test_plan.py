@@ -136,7 +136,7 @@ def test_kv_multicast_pairs_each_tile_as_two_virtual_heads():
     a row as virtual KV heads 2h and 2h + 1, in the unpaired list's order."""
     from vllm_fa4.paged_prefill.plan import build_work_tiles
 
-    config = KernelConfig.parse("one_per_cta+pv_wait_mid+lazy_max+kv_multicast")
+    config = KernelConfig.parse("queue_with_work+pv_wait_mid+q_tma+v_warp+lazy_max+kv_multicast")
     configs = ServingConfigs(long=config, short=config)
     hq, hkv, specs = 32, 8, [(3000, 5000), (700, 700)]
     plan = _plan(specs, hq, hkv, 128, config=configs, l2_section_bytes=None)
@@ -343,7 +343,8 @@ def test_plan_uses_sections_and_picks_the_config_per_batch():
     short_max_blocks K/V tiles on average and its short one on the others, at every head dim
     and page regime (which configs those are is the policy's business, not the plan's)."""
     plan = _plan([(16384, 16384)], page=128)
-    heads_first = {r[1] for r in plan.work_tiles_cpu[:132].tolist()}
+    pair = 2 if plan.config.paired_heads else 1  # `kv_multicast`: virtual heads 2h, 2h + 1
+    heads_first = {r[1] // pair for r in plan.work_tiles_cpu[:132].tolist()}
     assert len(heads_first) <= 2  # 8 MB of K/V per head, 16 MiB sections
     long_batches = ([(16384, 16384)], [(2048, 65536 + 2048)])
     short_batch = [(512, 512)] * 8  # tiles visit 1-4 K/V tiles

@@ -253,3 +253,37 @@ def test_tma_epilogue_needs_q_by_cp_async_or_tma_and_whole_tokens_a_warpgroup():
     assert "whole tokens" in KernelConfig.parse("queue+overlap+tma_epilogue").unsupported_reason(
         odd
     )
+
+
+def test_head_dim_128_long_batches_multicast_k_v_where_measured():
+    """Sessions 29-30: head dim 128's long batches on a 16-bit cache without a window, soft
+    cap or sinks share K/V in a two-CTA cluster (`kv_multicast`) at every page size when the
+    GQA group is even; odd groups (Qwen2.5-7B's 7), FP8 caches, windows, soft caps, sinks,
+    short batches and the other head dims keep their picks; `kv_multicast` builds on the
+    persistent grid with the TileWork slots only (its claims are handed within the cluster)."""
+    for page in SUPPORTED_PAGE_SIZES:
+        for hq, hkv in ((32, 8), (64, 8), (8, 1), (16, 8)):  # groups 4, 8 (70B at TP 8), 2
+            key = KernelKey.for_layer("bfloat16", 128, page, hq, hkv)
+            picks = serving_configs(key)
+            assert picks.long.kv_multicast and not picks.short.kv_multicast, key
+            assert picks.long.unsupported_reason(key) is None, key
+        keep = [
+            KernelKey.for_layer("bfloat16", 128, page, 28, 4),
+            KernelKey.for_layer("bfloat16", 128, page, 32, 32),
+            KernelKey("bfloat16", 128, page, 4, kv_dtype="float8_e4m3fn"),
+            KernelKey("bfloat16", 128, page, 4, sliding_window=True),
+            KernelKey("bfloat16", 128, page, 4, softcap=True),
+            KernelKey("bfloat16", 128, page, 4, sinks=True),
+            KernelKey("bfloat16", 64, page, 4),
+            KernelKey("bfloat16", 256, page, 4),
+        ]
+        for key in keep:
+            assert not any(c.kv_multicast for c in serving_configs(key).all), key
+    key = KernelKey("bfloat16", 128, 16, 4)
+    for spec, words in (
+        ("one_per_cta+pv_wait_mid+lazy_max+kv_multicast", "needs 'queue_with_work'"),
+        ("queue+pv_wait_mid+lazy_max+kv_multicast", "needs 'queue_with_work'"),
+    ):
+        assert words in KernelConfig.parse(spec).unsupported_reason(key)
+    odd = KernelConfig.parse("queue_with_work+pv_wait_mid+q_tma+lazy_max+kv_multicast")
+    assert "an even group" in odd.unsupported_reason(KernelKey("bfloat16", 128, 16, 7))

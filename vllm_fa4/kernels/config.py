@@ -196,21 +196,6 @@ class Tiles(Enum):
     QUEUE_WITH_WORK = "queue_with_work"
 
 
-class TileClaim(Enum):
-    """How a persistent CTA takes its next tile (tile_scheduler.TileQueue)."""
-
-    # The next list row from a global atomic counter: CTAs take rows in list (LPT) order as
-    # they become free.
-    ATOMIC = "claim_atomic"
-    # Its first row plus k times the grid, no atomics: the two CTAs of a `kv_multicast`
-    # cluster then take their paired rows in step (session 29).
-    STRIDED = "claim_strided"
-    # A `kv_multicast` cluster's rank 0 claims a pair of rows from the atomic counter and
-    # hands the claim to rank 1 through distributed shared memory (st.async on an
-    # mbarrier): pairs in list (LPT) order without the strided walk's fixed order.
-    CLUSTER = "claim_cluster"
-
-
 class QLoad(Enum):
     """How a tile's Q reaches shared memory."""
 
@@ -289,18 +274,18 @@ class Fp8Qk(Enum):
 
 
 class KvShare(Enum):
-    """Whether CTAs on one KV head's tokens share its K/V reads (issue 32, session 29)."""
+    """Whether the CTAs on one KV head's tokens share its K/V reads (issue 32)."""
 
     # Each tile holds the whole GQA group's heads and loads every block it visits.
     OWN = "kv_own"
-    # Tiles of half the group's heads over twice the tokens; the work list holds each tile
-    # twice, as virtual KV heads 2h and 2h + 1 (plan.py); each loads its blocks itself. The
-    # tile shape MULTICAST needs, without the cluster: what the shape alone costs.
-    SPLIT_HEADS = "kv_split_heads"
-    # SPLIT_HEADS with the pair in a two-CTA cluster: each CTA loads half of every K/V block
-    # (its 64-column chunks; with `wide_box` its boxes) by TMA and multicasts it to both, so
-    # the L2 serves each block once a pair (~27 pJ a byte from L2 against ~5 a landed byte on
-    # the H200: benchmarks/tma_energy.py); each consumer warp frees the stage in both CTAs.
+    # Tiles of half the group's heads over twice the tokens, each twice in the work list as
+    # virtual KV heads 2h and 2h + 1 (plan.py), the pair in a two-CTA cluster: each CTA loads
+    # half of every K/V block (its 64-column chunks; with `wide_box` its boxes) by TMA and
+    # multicasts it to both, so the L2 serves each block once a pair (~27 pJ a byte from L2
+    # against ~5 a landed byte on the H200: benchmarks/tma_energy.py); each consumer warp
+    # frees the stage in both CTAs. On the persistent grid the cluster's rank 0 claims the
+    # next pair from the atomic counter and hands it to rank 1 through distributed shared
+    # memory (tile_scheduler.ClaimHandoff), so pairs go in list (LPT) order.
     MULTICAST = "kv_multicast"
 
 
@@ -319,7 +304,7 @@ class TileProbe(Enum):
     STAMP_TIMES = "stamp_times"
 
 
-AXES = (Tiles, BlockStep, QLoad, KvBox, PageRead, Epilogue, Fp8Qk, KvShare, TileClaim)
+AXES = (Tiles, BlockStep, QLoad, KvBox, PageRead, Epilogue, Fp8Qk, KvShare)
 _BY_SPELLING = {member.value: member for axis in AXES for member in axis}
 
 
@@ -363,10 +348,6 @@ class KernelConfig:
     tile_probe: TileProbe = TileProbe.NONE
     fp8_qk: Fp8Qk = Fp8Qk.CONVERTED_K
     kv_share: KvShare = KvShare.OWN
-    claim: TileClaim = TileClaim.ATOMIC
-    # K/V stages of a 16-bit cache's ring (0: KV_STAGES). A multicast stage is freed only
-    # when both CTAs' consumers are done with it, so a deeper ring may hide the pair's jitter.
-    kv_stages: int = 0
 
     @classmethod
     def parse(cls, spec: str) -> KernelConfig:
@@ -389,7 +370,7 @@ class KernelConfig:
             if not token:
                 continue
             name, eq, number = token.partition("=")
-            if name in ("mma_wgs", "block_n", "kv_stages") and eq:
+            if name in ("mma_wgs", "block_n") and eq:
                 field, value = name, _int_value(name, number, token)
             elif token in ("v_warp", "lazy_max"):
                 field, value = token, True
@@ -409,8 +390,7 @@ class KernelConfig:
     @classmethod
     def spellings(cls) -> str:
         values = [member.value for axis in AXES for member in axis]
-        flags = ("v_warp", "lazy_max", "mma_wgs=N", "block_n=N", "kv_stages=N")
-        return ", ".join([*values, *flags])
+        return ", ".join([*values, "v_warp", "lazy_max", "mma_wgs=N", "block_n=N"])
 
     @property
     def spec(self) -> str:
@@ -426,7 +406,6 @@ class KernelConfig:
             "lazy_max",
             "fp8_qk",
             "kv_share",
-            "claim",
         ):
             value = getattr(self, name)
             if value != getattr(default, name):
@@ -435,8 +414,6 @@ class KernelConfig:
             parts.append(f"mma_wgs={self.mma_wgs}")
         if self.block_n != default.block_n:
             parts.append(f"block_n={self.block_n}")
-        if self.kv_stages != default.kv_stages:
-            parts.append(f"kv_stages={self.kv_stages}")
         return "+".join(parts)
 
     def geometry(self, key: KernelKey) -> TileGeometry:
@@ -445,17 +422,17 @@ class KernelConfig:
 
     def heads_per_tile(self, key: KernelKey) -> int:
         """Query heads side by side in a tile's rows: the GQA group, or half of it where
-        tiles pair up (KvShare: the other half is the paired row's)."""
+        tiles pair up (`kv_multicast`: the other half is the paired row's)."""
         return key.qhead_per_kvhead // 2 if self.paired_heads else key.qhead_per_kvhead
-
-    @property
-    def paired_heads(self) -> bool:
-        """Work rows name virtual KV heads 2h and 2h + 1 (KvShare.SPLIT_HEADS, MULTICAST)."""
-        return self.kv_share is not KvShare.OWN
 
     @property
     def kv_multicast(self) -> bool:
         return self.kv_share is KvShare.MULTICAST
+
+    @property
+    def paired_heads(self) -> bool:
+        """Work rows name virtual KV heads 2h and 2h + 1 (`kv_multicast`'s pairs)."""
+        return self.kv_multicast
 
     def unsupported_reason(self, key: KernelKey) -> str | None:
         """Why this config cannot build ``key``'s kernel, or None."""
@@ -478,18 +455,10 @@ class KernelConfig:
                 return "'tma_epilogue' with 'q_tma' on an fp8 KV cache"
             if 64 % key.qhead_per_kvhead:
                 return "'tma_epilogue' needs a warpgroup's 64 rows to be whole tokens"
-        if self.kv_stages and (key.fp8_kv or not 2 <= self.kv_stages <= 4):
-            return f"kv_stages={self.kv_stages} (2 to 4, 16-bit caches)"
-        if self.paired_heads:
-            reason = self._kv_share_unsupported_reason(key)
+        if self.kv_multicast:
+            reason = self._multicast_unsupported_reason(key)
             if reason is not None:
                 return reason
-        if self.claim is TileClaim.STRIDED and not self.persistent:
-            return "'claim_strided' needs a persistent grid ('queue' or 'queue_with_work')"
-        if self.claim is TileClaim.CLUSTER and not (
-            self.kv_multicast and self.tiles is Tiles.QUEUE_WITH_WORK
-        ):
-            return "'claim_cluster' needs 'kv_multicast' and 'queue_with_work'"
         if self.mma_wgs not in (2, 3):
             return f"mma_wgs={self.mma_wgs} (supported: 2, 3)"
         if self.mma_wgs == 3 and key.head_dim != 64:
@@ -512,8 +481,7 @@ class KernelConfig:
         smem = self._smem_bytes(key, max(self.staging_stages(key), key.fp8_kv))
         if smem > SMEM_BYTES - 1024:  # keep 1 KB for the mbarriers and alignment
             q_stages = self.q_stages
-            what = f"{self.stages} K/V stages"
-            what += f" and {q_stages} Q stages" if q_stages > 1 else ""
+            what = f"{KV_STAGES} K/V stages" + (f" and {q_stages} Q stages" if q_stages > 1 else "")
             if key.fp8_kv:
                 what += " and an fp8 staging stage"
             return (
@@ -522,24 +490,19 @@ class KernelConfig:
             )
         return None
 
-    def _kv_share_unsupported_reason(self, key: KernelKey) -> str | None:
-        """What KvShare's pairs are built for so far: an even GQA group; the multicast on
-        one pair of tiles a cluster, 16-bit caches without a window, per-chunk boxes split
-        between the two CTAs by chunk (with `wide_box` by box: an even number a block)."""
-        name = self.kv_share.value
+    def _multicast_unsupported_reason(self, key: KernelKey) -> str | None:
+        """What `kv_multicast` is built for: pairs of an even GQA group on the persistent
+        grid whose slots carry the TileWork (the claims handed within the cluster), 16-bit
+        caches without a window, blocks split between the two CTAs by 64-column chunk (with
+        `wide_box` by box: an even number a block)."""
         if key.qhead_per_kvhead % 2:
-            return f"'{name}' with GQA group {key.qhead_per_kvhead} (an even group)"
-        if not self.kv_multicast:
-            return None
-        if self.persistent and self.claim is TileClaim.ATOMIC:
-            # a cluster's CTAs must take their paired rows in step
-            return "'kv_multicast' on a persistent grid needs 'claim_strided' or 'claim_cluster'"
+            return f"'kv_multicast' with GQA group {key.qhead_per_kvhead} (an even group)"
+        if self.tiles is not Tiles.QUEUE_WITH_WORK:
+            return "'kv_multicast' needs 'queue_with_work' (a cluster hands its claims over)"
         if key.head_dim < 128:
             return "'kv_multicast' at head dim 64 (the CTAs split a block by 64-column chunks)"
         if key.fp8_kv or key.sliding_window:
             return "'kv_multicast' with an fp8 cache or a window"
-        if self.q_load is QLoad.PREFETCH:
-            return "'kv_multicast' with 'q_prefetch'"
         wide_boxes = self.geometry(key).tile_n // self.box_n(key)
         if self.kv_box is KvBox.WIDE and wide_boxes % 2:
             return f"'kv_multicast' with 'wide_box' at {wide_boxes} box(es) a block (even)"
@@ -595,7 +558,7 @@ class KernelConfig:
         if self.fp8_qk is Fp8Qk.SPLIT_Q and key.fp8_kv:
             split_q = 2 * geo.tile_m * key.head_dim + 4 * geo.tile_m
             return q_bytes + split_q + kv_tile * (KV_STAGES + 2 * KV_STAGES + staging_stages)
-        return q_bytes + 2 * 2 * kv_tile * self.stages + 2 * kv_tile * staging_stages
+        return q_bytes + 2 * 2 * kv_tile * KV_STAGES + 2 * kv_tile * staging_stages
 
     def staging_stages(self, key: KernelKey) -> int:
         """fp8 cache: slots of the fp8 staging ring per tensor, 2 where shared memory allows
@@ -618,11 +581,6 @@ class KernelConfig:
         an overlapped step (ping-pong), none with the serial one or `overlap_free`."""
         unturned = (BlockStep.SERIAL, BlockStep.OVERLAP_FREE)
         return 0 if self.block_step in unturned else self.mma_wgs
-
-    @property
-    def stages(self) -> int:
-        """K/V stages of the 16-bit ring (`kv_stages`, else KV_STAGES)."""
-        return self.kv_stages or KV_STAGES
 
     @property
     def q_stages(self) -> int:
@@ -674,7 +632,6 @@ _FIELD_OF = {
     Epilogue: "epilogue",
     Fp8Qk: "fp8_qk",
     KvShare: "kv_share",
-    TileClaim: "claim",
 }
 
 

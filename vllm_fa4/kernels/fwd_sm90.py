@@ -39,6 +39,7 @@ from cutlass.utils import LayoutEnum
 
 from vllm_fa4.kernels.barriers import turn_pass, turn_wait, turns_begin, wg_sync
 from vllm_fa4.kernels.config import (
+    KV_STAGES,
     BlockStep,
     Epilogue,
     Fp8Qk,
@@ -47,7 +48,6 @@ from vllm_fa4.kernels.config import (
     KvBox,
     PageRead,
     QLoad,
-    TileClaim,
     TileProbe,
     Tiles,
     grid_shift_keys,
@@ -268,7 +268,7 @@ class Sm90PagedPrefill:
         # A window's tiles shift their block grid by whole pages where a page is shorter
         # than a block (tile_scheduler.tile_work).
         self.shift_keys = grid_shift_keys(key, self.tile_n)
-        self.stages = cfg.stages
+        self.stages = KV_STAGES
         # An fp8 cache: TMA fills a staging ring of fp8 tiles that converter warps turn
         # into the 16-bit K/V stages (fp8_kv.py); the TMA ring is the staging ring then.
         self.fp8_kv = key.fp8_kv
@@ -287,7 +287,7 @@ class Sm90PagedPrefill:
         self.qk_dtype = self.cache_dtype if self.fp8_qk else self.mma_dtype
         self.q_converts = self.mma_dtype is not self.dtype and not self.fp8_qk
         self.staging_stages = cfg.staging_stages(key)
-        self.load_stages = self.staging_stages or self.stages
+        self.load_stages = self.staging_stages or KV_STAGES
         self.converter_warps = converter_warps(cfg.v_warp) if key.fp8_kv else ()
         self.converter_threads = 32 * len(self.converter_warps)
         self.producer_regs, self.mma_regs = cfg.register_split(key)
@@ -357,7 +357,7 @@ class Sm90PagedPrefill:
             fields["mbar_queue"] = mem[cutlass.Int64, TILE_QUEUE_STAGES * 2]
             words = 1 + len(self.queue_work_words)
             fields["queue_slots"] = mem[cutlass.Int32, TILE_QUEUE_STAGES * words]
-        if self.cfg.claim is TileClaim.CLUSTER:  # ClaimHandoff's mbarriers (full, empty), slot
+        if self.kv_multicast:  # ClaimHandoff's mbarriers (full, empty), its slot
             fields["mbar_claim"] = mem[cutlass.Int64, 2]
             fields["claim_slot"] = align[mem[cutlass.Int32, 4], 16]
         if self.q_tma:
@@ -673,9 +673,8 @@ class Sm90PagedPrefill:
                 slot_layout = cute.make_layout(TILE_QUEUE_STAGES)
             slots = storage.queue_slots.get_tensor(slot_layout)
             num_ctas = cute.arch.grid_dim()[0]
-            strided = self.cfg.claim is TileClaim.STRIDED
-            handoff = None
-            if cutlass.const_expr(self.cfg.claim is TileClaim.CLUSTER):
+            handoff = None  # `kv_multicast`: the cluster's claims, made by rank 0
+            if cutlass.const_expr(self.kv_multicast):
                 full = storage.mbar_claim.data_ptr()
                 if tidx == 0:
                     cute.arch.mbarrier_init(full, 1)
@@ -685,7 +684,6 @@ class Sm90PagedPrefill:
             queue = TileQueue(
                 *(mTileCounters, pipe_queue, slots, num_ctas),
                 work_words=words,
-                strided=strided,
                 handoff=handoff,
             )
         pipeline.pipeline_init_arrive(self.cluster_shape())
@@ -961,7 +959,7 @@ class Sm90PagedPrefill:
                 self.issue_q(tile_work(*tile_args, tile), mQ, sQ, tidx, wg)
         while tile < num_tiles:
             if cutlass.const_expr(is_producer):
-                claimed = claim(tile)  # in flight while this tile's loads issue
+                claimed = claim()  # in flight while this tile's loads issue
                 if cutlass.const_expr(self.q_tma):
                     work = self.tile_work_q_tma(tile_args, tile)
                     state, q_state = role(work, role_args, state, q_state=q_state)
@@ -1034,9 +1032,9 @@ class Sm90PagedPrefill:
             last = num_tiles - 1  # a tile past the list (the consumers' stop) reads the last row
             work = self.tile_work_q_tma(tile_args, cutlass.min(tile, last))
             queue_state = publish_work(tile, work, queue_state)
-            claims = Int32(0)  # TileClaim.CLUSTER's handoff phase
+            claims = Int32(0)  # ClaimHandoff's phase (`kv_multicast`)
             while tile < num_tiles:
-                claimed = claim(tile, claims)  # in flight while this tile's loads issue
+                claimed = claim(claims)  # in flight while this tile's loads issue
                 # `work` is the tile's, as published (carried from the previous publish).
                 state, q_state = role(work, role_args, state, q_state=q_state)
                 tile = next_tile(claimed, claims)

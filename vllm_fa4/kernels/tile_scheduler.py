@@ -170,7 +170,6 @@ class TileQueue:
         slots: cute.Tensor,
         num_ctas: Int32,
         work_words: tuple = (),
-        strided: bool = False,
         handoff=None,
     ):
         self.counters = counters  # [2] int32 in global memory: claims, finished CTAs
@@ -180,19 +179,15 @@ class TileQueue:
         self.slots = slots
         self.num_ctas = num_ctas
         self.work_words = work_words
-        # TileClaim.STRIDED: the CTA's next tile is its current one plus the grid (no atomics)
-        self.strided = strided
-        # TileClaim.CLUSTER: ClaimHandoff (rank 0 claims a pair of rows, rank 1 receives it)
+        # `kv_multicast`: ClaimHandoff (rank 0 claims a pair of rows, rank 1 receives it)
         self.handoff = handoff
 
     @cute.jit
-    def claim(self, tile: Int32, n: Int32 = 0) -> Int32:
-        """Producer warp: start claiming the tile after the current one, `tile` (lane 0's
-        value; the next tile is the claim plus num_ctas)."""
+    def claim(self, n: Int32 = 0) -> Int32:
+        """Producer warp: start claiming the tile after the current one (lane 0's value), the
+        CTA's `n`-th claim (`kv_multicast`: ClaimHandoff)."""
         claimed = Int32(0)
-        if cutlass.const_expr(self.strided):
-            claimed = tile
-        elif cutlass.const_expr(self.handoff is not None):
+        if cutlass.const_expr(self.handoff is not None):
             claimed = self.handoff.send_or_expect(self.counters.iterator, n)
         else:
             claims_ptr = self.counters.iterator
@@ -267,20 +262,18 @@ class TileQueue:
 
     @cute.jit
     def finish(self):
-        """Producer warp, after its last claim: the last CTA to get here zeroes the counter
-        (strided claims never touch it)."""
+        """Producer warp, after its last claim: the last CTA to get here zeroes the counter."""
         counters, num_ctas = self.counters, self.num_ctas
-        if cutlass.const_expr(not self.strided):
-            if cute.arch.lane_idx() == 0:
-                done_ptr = counters.iterator + 1
-                done = cute.arch.atomic_add(done_ptr, Int32(1), sem="acq_rel", scope="gpu")
-                if done == num_ctas - 1:
-                    counters[0] = Int32(0)
-                    counters[1] = Int32(0)
+        if cute.arch.lane_idx() == 0:
+            done_ptr = counters.iterator + 1
+            done = cute.arch.atomic_add(done_ptr, Int32(1), sem="acq_rel", scope="gpu")
+            if done == num_ctas - 1:
+                counters[0] = Int32(0)
+                counters[1] = Int32(0)
 
 
 class ClaimHandoff(NamedTuple):
-    """TileClaim.CLUSTER: a `kv_multicast` cluster's two CTAs take paired work rows (2p,
+    """`kv_multicast` on the persistent grid: a cluster's two CTAs take paired work rows (2p,
     2p + 1) in list order. Rank 0's producer lane takes p from the atomic counter and stores
     it into rank 1's `slot` by st.async, which completes a transaction on rank 1's `full`
     mbarrier; rank 1 reads it and arrives on rank 0's `empty` before the next claim may

@@ -279,6 +279,28 @@ LONG_BY_PAGE: dict[tuple[int, bool, int, bool], str] = {
 }
 
 
+# Head dim 128's long batches on a 16-bit cache without a window, soft cap or sinks (Llama,
+# Qwen, Mistral shapes) with an even GQA group: the two CTAs of a cluster share each K/V
+# block by TMA multicast, each holding half the group's heads (`kv_multicast`; the cluster's
+# rank 0 claims the next pair of rows and hands it over in shared memory). The L2 serves
+# each block once a pair (16.95 -> 9.33 GB at 16kx1), which at the board's power cap buys
+# clock (2026-11-29, sessions 29-30, H200, Llama-3.1-8B heads, two runs each over the table's
+# row: page 16 4kx4 +1.2 / +1.3 %, 8kx2 +4.7 / +5.3 %, 16kx1 +4.5 / +5.4 %, 16k after 48k
+# +4.8 / +4.2 %, one run 2k after 16k +0.9 %, 16k+31x512 -0.8 %, 16k after 16k +3.2 %; page
+# 128 4kx4 +2.5 / +2.1 %, 8kx2 +6.4 / +5.0 %, 16kx1 +8.7 / +5.4 %, one run 2k after 8k +1.4
+# %, 2k after 64k +1.3 %). Not measured on an H100, nor with a soft cap or sinks.
+MULTICAST_LONG = "kv_multicast"
+
+
+def _multicast_long(config: KernelConfig, key: KernelKey) -> KernelConfig:
+    """The long pick with MULTICAST_LONG where it was measured and the kernel builds it."""
+    measured = key.head_dim == 128 and not (key.fp8_kv or key.sliding_window)
+    if not measured or key.softcap or key.sinks:
+        return config
+    shared = config.overlaid(MULTICAST_LONG)
+    return shared if shared.unsupported_reason(key) is None else config
+
+
 @dataclass(frozen=True)
 class ServingConfigs:
     """The configs serving may launch for one key, picked per batch on the host (the plan):
@@ -333,6 +355,7 @@ def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> Servin
     if not key.fp8_kv:
         by_page = (key.head_dim, key.sliding_window, key.page_size, key.softcap)
         long = _PARSED_BY_PAGE.get(by_page, long)
+        long = _multicast_long(long, key)
     return ServingConfigs(long=_fit_group(long, key), short=_fit_group(short, key))
 
 

@@ -66,13 +66,6 @@ ALL_CONFIGS = tuple(
         "queue_with_work+overlap+q_tma+v_warp+wide_box+lazy_max",
         "queue_with_work+overlap+q_tma+staged_epilogue+lazy_max",
         "queue_with_work+overlap+q_tma+wide_box+lazy_max+mma_wgs=3",
-        # K/V multicast to a two-CTA cluster (session 29)
-        "one_per_cta+pv_wait_mid+lazy_max+kv_multicast",
-        "one_per_cta+pv_wait_mid+lazy_max+kv_split_heads",
-        "queue_with_work+pv_wait_mid+q_tma+v_warp+lazy_max+kv_multicast+claim_strided",
-        "queue_with_work+pv_wait_mid+q_tma+v_warp+wide_box+pages_ahead+lazy_max+kv_multicast+claim_strided",
-        "queue_with_work+pv_wait_mid+q_tma+v_warp+lazy_max+kv_multicast+claim_cluster",
-        "queue_with_work+pv_wait_mid+q_tma+v_warp+wide_box+pages_ahead+lazy_max+kv_multicast+claim_cluster",
     )
 )
 
