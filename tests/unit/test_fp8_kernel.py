@@ -122,13 +122,16 @@ def test_every_fp8_serving_pick_builds(hd, page, window):
 
 def test_16bit_keys_keep_their_picks_and_no_fp8_route():
     """A 16-bit key runs TABLE's row (LONG_BY_PAGE's long pick where it names the key's page
-    size), never FP8_TABLE's, and no fp8 route."""
-    from vllm_fa4.paged_prefill.policy import LONG_BY_PAGE, TABLE
+    size; head dim 128's long pick with the K/V multicast, MULTICAST_LONG), never FP8_TABLE's,
+    and no fp8 route."""
+    from vllm_fa4.paged_prefill.policy import LONG_BY_PAGE, MULTICAST_LONG, TABLE
 
     for (hd, window, big), (long, short) in TABLE.items():
         page = 128 if big else 16
         key = KernelKey("bfloat16", hd, page, 4, sliding_window=window)
         long = LONG_BY_PAGE.get((hd, window, page, False), long)
+        if hd == 128 and not window:
+            long += "+" + MULTICAST_LONG
         assert tuple(c.spec for c in (serving_configs(key).long, serving_configs(key).short)) == (
             tuple(KernelConfig.parse(s).spec for s in (long, short))
         )

@@ -284,11 +284,13 @@ LONG_BY_PAGE: dict[tuple[int, bool, int, bool], str] = {
 # block by TMA multicast, each holding half the group's heads (`kv_multicast`; the cluster's
 # rank 0 claims the next pair of rows and hands it over in shared memory). The L2 serves
 # each block once a pair (16.95 -> 9.33 GB at 16kx1), which at the board's power cap buys
-# clock (2026-11-29, sessions 29-30, H200, Llama-3.1-8B heads, two runs each over the table's
-# row: page 16 4kx4 +1.2 / +1.3 %, 8kx2 +4.7 / +5.3 %, 16kx1 +4.5 / +5.4 %, 16k after 48k
-# +4.8 / +4.2 %, one run 2k after 16k +0.9 %, 16k+31x512 -0.8 %, 16k after 16k +3.2 %; page
-# 128 4kx4 +2.5 / +2.1 %, 8kx2 +6.4 / +5.0 %, 16kx1 +8.7 / +5.4 %, one run 2k after 8k +1.4
-# %, 2k after 64k +1.3 %). Not measured on an H100, nor with a soft cap or sinks.
+# clock (2026-11-29, sessions 29-30, H200, Llama-3.1-8B heads, three runs over the table's
+# row: page 16 4kx4 +1.0 to +1.3 %, 8kx2 +3.9 to +5.3 %, 16kx1 +2.2 to +5.4 %, 16k after 48k
+# +3.9 to +4.8 %, one run 2k after 16k +0.9 %, 16k+31x512 -0.8 %, 16k after 16k +3.2 %; page
+# 128 4kx4 +1.2 to +2.5 %, 8kx2 +3.9 to +6.4 %, 16kx1 +2.8 to +8.7 %, 2k after 64k +1.3 /
+# +2.4 %, 2k after 8k +1.4 %; 1.015-1.046x FA3c). Session 29's strided claims on another day
+# gained +0.7 % on average: the gain moves with the board's power state. Not measured on an
+# H100, nor with a soft cap or sinks (kept off); pages 32 and 64 run page 16's code.
 MULTICAST_LONG = "kv_multicast"
 
 

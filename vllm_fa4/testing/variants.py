@@ -52,20 +52,11 @@ ALL_CONFIGS = tuple(
         "queue_with_work+pv_wait_mid+q_tma+v_warp+lazy_max",
         "queue_with_work+pv_wait_mid+q_tma+v_warp+tma_epilogue",
         "queue_with_work+pv_wait_mid+q_tma+v_warp+wide_box+pages_ahead+lazy_max",
+        "queue_with_work+pv_wait_mid+q_tma+v_warp+wide_box+pages_ahead+lazy_max+kv_multicast",
+        "queue_with_work+pv_wait_mid+q_tma+v_warp+lazy_max+kv_multicast",
         "queue_with_work+pv_wait_mid+q_tma+tma_epilogue+lazy_max",
         # (its epilogue where a GQA group does not divide 64: policy._fit_group)
         "queue_with_work+pv_wait_mid+q_tma+staged_epilogue+lazy_max",
-        # ... and the steps between them (sessions 7-14, docs/perf-notes.md)
-        "one_per_cta+pv_wait_mid",
-        "queue+overlap+q_tma+lazy_max",
-        "queue+overlap+q_tma+lazy_max+mma_wgs=3",
-        "queue+overlap+mma_wgs=3",
-        "queue_with_work+overlap+q_tma+lazy_max",
-        "queue_with_work+overlap+q_tma+v_warp+lazy_max",
-        "queue_with_work+overlap+q_tma+v_warp+pages_ahead+lazy_max",
-        "queue_with_work+overlap+q_tma+v_warp+wide_box+lazy_max",
-        "queue_with_work+overlap+q_tma+staged_epilogue+lazy_max",
-        "queue_with_work+overlap+q_tma+wide_box+lazy_max+mma_wgs=3",
     )
 )
 
