@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vllm_fa4.kernels.config import KernelKey, KvBox, tile_geometry
-from vllm_fa4.paged_prefill.plan import L2_SECTION_BYTES, build_work_tiles
+from vllm_fa4.paged_prefill.plan import L2_SECTION_BYTES, build_work_tiles, pair_rows
 
 BLOCK = 16
 HQ, HKV, D = 32, 8, 128
@@ -83,9 +83,8 @@ def check_prefill(md, query_lens, seq_lens, nd):
     tiles = [tuple(r) for r in p.args.work_tiles.tolist()]
     assert sorted(tiles) == sorted(expected_tiles(pq, ps, tpt, 2 * HKV if paired else HKV))
     # The builder's order is the planner's: LPT inside L2 sections (test_plan checks it).
-    order = build_work_tiles(
-        pq, ps, HKV, tpt, TILE_N, 2 * D * 2, L2_SECTION_BYTES, paired_heads=paired
-    )
+    order = build_work_tiles(pq, ps, HKV, tpt, TILE_N, 2 * D * 2, L2_SECTION_BYTES)
+    order = pair_rows(order) if paired else order
     assert tiles == [tuple(r) for r in order.tolist()]
 
 

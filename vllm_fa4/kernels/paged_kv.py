@@ -97,25 +97,24 @@ def _issue_box(tma_atom, tXs, tXg, b, rowblk, page, stage, mbar, boxes_per_block
     one for the whole row block. `mcast_rank` (`kv_multicast`, else None): this CTA's rank in
     its two-CTA cluster; it issues the chunks (with `wide_box` the boxes) of its parity, each
     multicast to both CTAs."""
-    if cutlass.const_expr(mcast_rank is not None and boxes_per_block is None):
-        for j in cutlass.range_constexpr(cute.size(tXs, mode=[2]) // 2):
-            c = 2 * j + mcast_rank
+    mcast = {} if mcast_rank is None else {"mcast_mask": cutlass.Int16(3)}
+    if cutlass.const_expr(boxes_per_block is None):
+        step = 1 if mcast_rank is None else 2  # the multicast: this CTA's parity of chunks
+        for j in cutlass.range_constexpr(cute.size(tXs, mode=[2]) // step):
+            c = step * j + (0 if mcast_rank is None else mcast_rank)
             src, dst = tXg[None, rowblk, c, page], tXs[None, b, c, stage]
-            cute.copy(tma_atom, src, dst, tma_bar_ptr=mbar, mcast_mask=cutlass.Int16(3))
-    elif cutlass.const_expr(boxes_per_block is None):
-        for c in cutlass.range_constexpr(cute.size(tXs, mode=[2])):
-            src, dst = tXg[None, rowblk, c, page], tXs[None, b, c, stage]
-            cute.copy(tma_atom, src, dst, tma_bar_ptr=mbar)
+            cute.copy(tma_atom, src, dst, tma_bar_ptr=mbar, **mcast)
     elif cutlass.const_expr(mcast_rank is None):
         src = tXg[None, page * boxes_per_block + rowblk]
         cute.copy(tma_atom, src, tXs[None, b, stage], tma_bar_ptr=mbar)
-    elif b % 2 == mcast_rank:
+    elif b % 2 == mcast_rank:  # the multicast: this CTA's parity of boxes
+        # (no name bound here: the DSL would carry it out of this runtime branch)
         cute.copy(
             tma_atom,
             tXg[None, page * boxes_per_block + rowblk],
             tXs[None, b, stage],
             tma_bar_ptr=mbar,
-            mcast_mask=cutlass.Int16(3),
+            **mcast,
         )
 
 

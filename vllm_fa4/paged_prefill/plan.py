@@ -95,13 +95,8 @@ def build_work_tiles(
     window_left: int | None = None,
     shift_keys: int = 0,
     tail_sections: int = 1,
-    paired_heads: bool = False,
 ) -> np.ndarray:
     """LPT work list on the CPU: int64 [num_tiles, 4] rows (batch, kv_head, m_block, cost).
-
-    ``paired_heads`` (``KernelConfig.paired_heads``): every tile twice in a row, as virtual
-    KV heads 2h and 2h + 1 (each half of head h's query heads; with the multicast, the two
-    CTAs of one cluster).
 
     ``cost`` counts the K/V tiles a tile visits: [n_block_min, n_block_max), n_block_min
     > 0 only with a sliding window (``window_left``: keys a row sees left of its diagonal).
@@ -161,11 +156,16 @@ def build_work_tiles(
             section = np.minimum(section, max(int(section.max()) - tail_sections + 1, 0))
         pair = batch * num_kv_heads + kv_head
         order = np.lexsort((-cost, section[pair]))  # stable: ties keep enumeration order
-    rows = np.stack((batch, kv_head, m_block, cost), axis=1)[order]
-    if paired_heads:
-        rows = np.repeat(rows, 2, axis=0)
-        rows[:, 1] = 2 * rows[:, 1] + np.tile(np.arange(2, dtype=np.int64), rows.shape[0] // 2)
-    return rows
+    return np.stack((batch, kv_head, m_block, cost), axis=1)[order]
+
+
+def pair_rows(rows: np.ndarray) -> np.ndarray:
+    """``KernelConfig.paired_heads``: every row of a work list twice in a row, as virtual KV
+    heads 2h and 2h + 1 (each half of head h's query heads; with the multicast, the two CTAs
+    of one cluster), in the list's order."""
+    paired = np.repeat(rows, 2, axis=0)
+    paired[:, 1] = 2 * paired[:, 1] + np.tile(np.arange(2, dtype=paired.dtype), len(rows))
+    return paired
 
 
 def _l2_sections(
@@ -283,7 +283,7 @@ def plan_prefill(
             f"GQA group size {key.qhead_per_kvhead} exceeds the M tile ({geometry.tile_m} rows)"
         )
 
-    def tile(geometry: TileGeometry, paired_heads: bool = False) -> np.ndarray:
+    def tile(geometry: TileGeometry) -> np.ndarray:
         return build_work_tiles(
             q_lens,
             k_lens,
@@ -295,19 +295,22 @@ def plan_prefill(
             tail_sections=tail_sections,
             window_left=window_left,
             shift_keys=grid_shift_keys(key, geometry.tile_n),
-            paired_heads=paired_heads,
         )
 
     tiles = tile(geometry)
     num_tiles = tiles.shape[0]
     total_work = int(tiles[:, 3].sum()) if num_tiles else 0
     config = configs.pick(num_tiles, total_work)
-    if config.geometry(key) != geometry or config.paired_heads:
-        # a short pick with its own N tile: its costs, order; a cluster's pairs of rows
+    if config.geometry(key) != geometry:
+        # a short pick with its own N tile, or its own tokens a tile where the long pick packs
+        # half the group (`kv_multicast`): its tiles, costs, order
         geometry = config.geometry(key)
-        tiles = tile(geometry, config.paired_heads)
+        tiles = tile(geometry)
         num_tiles = tiles.shape[0]
         total_work = int(tiles[:, 3].sum()) if num_tiles else 0
+    if config.paired_heads:  # the same tiles (the pick's geometry), each row twice
+        tiles = pair_rows(tiles)
+        num_tiles, total_work = tiles.shape[0], 2 * total_work
     tiles32 = torch.from_numpy(tiles.astype(np.int32))
     if device.type == "cuda":
         # Pinned staging so the one host->device copy is truly async; the caching host

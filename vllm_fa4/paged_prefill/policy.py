@@ -324,7 +324,9 @@ class ServingConfigs:
 
     def geometry(self, key: KernelKey) -> TileGeometry:
         """The tile geometry the plan picks with: the long config's. The short config has
-        the same M tile (so the same number of work tiles) and may have another N tile."""
+        the same M tile and may have another N tile, or (where the long pick packs half the
+        GQA group, `kv_multicast`) twice the tiles of half the tokens; the pick compares the
+        mean K/V tiles a tile visits, which neither changes much."""
         return self.long.geometry(key)
 
     def pick(self, num_tiles: int, total_work: int) -> KernelConfig:
