@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install (into .venv, once) and run the tests.
 #   scripts/test.sh                      # the README suite: CPU unit tests and one kernel compile
-#                                        # per config family serving launches (about 3 min on 2
+#                                        # per config family serving launches (about 5-7 min on 2
 #                                        # cores once installed); an SM90 GPU also runs tests/gpu
 #   scripts/test.sh FILE... [OPTIONS]    # only those files, folders or test ids
 #   scripts/test.sh -k plan              # options alone apply to the README suite
@@ -18,7 +18,7 @@ if [ $# -gt 0 ] && [[ "$1" != -* ]]; then
 else
   set -- tests "$@"
   workers=${TEST_WORKERS:-$([ -n "$GPU_PROBLEM" ] && echo 2 || echo 0)}
-  echo "== the README suite on $workers workers: collecting takes ~40 s, then about 3 min on 2" \
+  echo "== the README suite on $workers workers: collecting takes ~40 s, then about 5-7 min on 2" \
     "idle cores (longer when the machine is busy)"
 fi
 exec "$VENV/bin/python" -m pytest -q -n "$workers" "$@"

@@ -139,35 +139,20 @@ def test_16bit_keys_keep_their_picks_and_no_fp8_route():
 
 
 def compiled_ptx(tmp_path, page: int, spec: str) -> str:
-    """The PTX of one bf16-model fp8 build at head dim 128 (with LSE), compiled for sm_90a in
-    a fresh process (the DSL reads its dump folder at import)."""
-    import subprocess
-    import sys
-    import textwrap
+    """The PTX of one bf16-model fp8 build at head dim 128 (with LSE), compiled for sm_90a
+    (no cache: the dump is this compile's)."""
+    from vllm_fa4.kernels.compile import compile_kernel
 
-    script = textwrap.dedent(
-        f"""
-        from vllm_fa4.kernels.compile import compile_kernel
-        from vllm_fa4.kernels.config import FP8_E4M3, KernelConfig, KernelKey
-        key = KernelKey("bfloat16", 128, {page}, 4, kv_dtype=FP8_E4M3)
-        compile_kernel(key, KernelConfig.parse({spec!r}), True)
-        """
-    )
-    env = {
-        **os.environ,
-        "CUTE_DSL_KEEP": "ptx",
-        "CUTE_DSL_DUMP_DIR": str(tmp_path),
-        "CUTE_DSL_DISABLE_FILE_CACHING": "1",
-    }
-    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=600)
+    key = KernelKey("bfloat16", 128, page, 4, kv_dtype=FP8_E4M3)
+    compile_kernel(key, KernelConfig.parse(spec), True, dump_dir=str(tmp_path))
     (ptx,) = tmp_path.rglob("*.ptx")
     return ptx.read_text()
 
 
 def test_fp8_kernel_ptx_converts_in_the_producer(tmp_path, monkeypatch):
-    """One compile in a fresh process (the DSL reads its dump folder at import): a bf16
-    model's fp8 build runs its GEMMs in fp16 (every wgmma f16, no bf16 repack of K/V: one
-    cvt per e4m3 pair), converts Q bf16 -> fp16 once per tile and writes O in bf16."""
+    """One compile: a bf16 model's fp8 build runs its GEMMs in fp16 (every wgmma f16, no
+    bf16 repack of K/V: one cvt per e4m3 pair), converts Q bf16 -> fp16 once per tile and
+    writes O in bf16."""
     import re
 
     text = compiled_ptx(tmp_path, 16, "queue+pv_wait_mid+lazy_max")
@@ -191,7 +176,7 @@ def test_fp8_kernel_ptx_converts_in_the_producer(tmp_path, monkeypatch):
 
 
 def test_fp8_qk_ptx_runs_q_kt_on_e4m3_and_converts_only_v(tmp_path):
-    """fp8_qk's compile (sm_90a, a fresh process): Q K^T as e4m3 x e4m3 wgmmas (k32), P V
+    """fp8_qk's compile (sm_90a): Q K^T as e4m3 x e4m3 wgmmas (k32), P V
     in fp16 on the converted V, Q split by cvt.rn.satfinite.e4m3x2.f32."""
     import re
 

@@ -1,11 +1,11 @@
 """Compile-only tests for the SM90 prefill kernel (CPU, no GPU needed).
 
 The default run (scripts/test.sh) compiles one kernel per config family serving can launch
-(``test_compile_served_config_family``: 37 with the FP8 families and the odd GQA groups'
+(``test_compile_served_config_family``: 39 with the FP8 families and the odd GQA groups'
 fallbacks). The full matrix, marker ``compile_matrix`` (deselected by default; .ci/run runs
 it), compiles every key with every config serving can launch for it, the model-feature keys
 and the variant cases:
-``pytest -m compile_matrix``, 122 tests of 4-15 s each (6.5 minutes on 2 idle cores). Each
+``pytest -m compile_matrix``, 113 tests of 4-20 s each (about 7 minutes on 2 idle cores). Each
 dtype is compiled on half of the head-dim x page-size cells (``chessboard_dtype``), each
 feature config with or without the LSE. Kernels go through the disk
 cache (``VLLM_FA4_CACHE_DIR``, one per test run: tests/conftest.py), so a kernel one test
@@ -457,34 +457,37 @@ def test_disk_cache_roundtrip(tmp_path):
 
 
 def _local_memory_instructions(key: KernelKey, config: KernelConfig) -> int:
-    """Compile (key, config) in a fresh process (the DSL reads its dump folder at import) and
-    count the SASS instructions that touch local memory (register spills)."""
+    """Compile (key, config) with its cubin dumped (no cache) and count the SASS
+    instructions that touch local memory (register spills)."""
     import pathlib
     import shutil
     import tempfile
 
     import triton
 
+    from vllm_fa4.kernels.compile import compile_kernel
+
     tool = pathlib.Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
     tool = str(tool) if tool.exists() else shutil.which("cuobjdump")
     if tool is None:
         pytest.skip("cuobjdump not found (triton's bundled copy or PATH)")
     dump = tempfile.mkdtemp(prefix="vllm-fa4-spills-")
-    code = textwrap.dedent(
-        f"""
-        from vllm_fa4.kernels.compile import compile_kernel
-        from vllm_fa4.kernels.config import KernelConfig, KernelKey
-        compile_kernel({key!r}, KernelConfig.parse({config.spec!r}), has_lse=False)
-        """
-    )
-    env = dict(os.environ, CUTE_DSL_KEEP="cubin", CUTE_DSL_DUMP_DIR=dump, CUTE_DSL_ARCH="sm_90a")
-    subprocess.run([sys.executable, "-c", code], env=env, check=True)
-    cubins = sorted(pathlib.Path(dump).rglob("*.cubin"))
-    assert len(cubins) == 1, cubins
-    sass = subprocess.run([tool, "-sass", str(cubins[0])], capture_output=True, text=True).stdout
-    shutil.rmtree(dump, ignore_errors=True)
-    assert "HGMMA" in sass  # the disassembly is real
-    return sum(1 for line in sass.splitlines() if "LDL" in line or "STL" in line)
+    try:
+        compile_kernel(key, config, has_lse=False, dump_dir=dump)
+        cubins = sorted(pathlib.Path(dump).rglob("*.cubin"))
+        assert len(cubins) == 1, cubins
+        sass = subprocess.run([tool, "-sass", str(cubins[0])], capture_output=True, text=True)
+    finally:
+        shutil.rmtree(dump, ignore_errors=True)
+    assert "HGMMA" in sass.stdout  # the disassembly is real
+    return sum(1 for line in sass.stdout.splitlines() if "LDL" in line or "STL" in line)
+
+
+def test_dump_dir_with_whitespace_is_refused_before_compiling():
+    from vllm_fa4.kernels.compile import compile_kernel
+
+    with pytest.raises(ValueError, match="holds whitespace"):
+        compile_kernel(KernelKey("bfloat16", 128, 16, 4), dump_dir="/tmp/a b")
 
 
 # Head dim 64 runs three consumer warpgroups at 160 registers per thread, where a few more live
@@ -499,7 +502,7 @@ NO_SPILL_KEYS = [
 NO_SPILL_CASES = [(key, config) for key in NO_SPILL_KEYS for config in serving_configs(key).all]
 
 
-@pytest.mark.compile_matrix  # a fresh process per kernel: about 30 s each
+@pytest.mark.compile_matrix  # a compile without the cache per kernel: 10-20 s each
 @pytest.mark.parametrize(
     "key,config", NO_SPILL_CASES, ids=[case_id(k, c) for k, c in NO_SPILL_CASES]
 )

@@ -59,14 +59,27 @@ def _fake_args(key: KernelKey, config: KernelConfig, has_lse: bool):
     return (*tensors, scale, num_ctas, window_left, softcap, v_scale, stream)
 
 
-def compile_kernel(key: KernelKey, config: KernelConfig = DEFAULT_CONFIG, has_lse: bool = True):
-    """Trace and compile one kernel (no cache)."""
+def compile_kernel(
+    key: KernelKey,
+    config: KernelConfig = DEFAULT_CONFIG,
+    has_lse: bool = True,
+    *,
+    dump_dir: str | None = None,
+):
+    """Trace and compile one kernel (no cache). With ``dump_dir`` the DSL also writes the
+    kernel's PTX and cubin there (tests and tools that read the machine code; in this
+    process, where the DSL's CUTE_DSL_DUMP_DIR is read once at import)."""
     reason = key.unsupported_reason() or config.unsupported_reason(key)
     if reason is not None:
         raise ValueError(f"vllm_fa4: cannot build {key} with {config.spec}: {reason}")
+    options = "--enable-tvm-ffi"
+    if dump_dir is not None:
+        if any(ch.isspace() for ch in str(dump_dir)):
+            raise ValueError(f"vllm_fa4: dump_dir {dump_dir!r} holds whitespace (an option value)")
+        options += f" --keep-ptx --keep-cubin --dump-dir {dump_dir}"
     kern = Sm90PagedPrefill(key, config, has_lse)
     with memoized_source_locations():
-        return cute.compile(kern, *_fake_args(key, config, has_lse), options="--enable-tvm-ffi")
+        return cute.compile(kern, *_fake_args(key, config, has_lse), options=options)
 
 
 _CACHE = KernelCache(compile_kernel, function_name="vllm_fa4_prefill")
