@@ -61,6 +61,33 @@ BACKENDS: dict[str, list[str]] = {
     "FLASHINFER": ["--attention-backend", "FLASHINFER"],
 }
 DISTS = ("torch", "vllm", "flashinfer-python", "nvidia-cutlass-dsl", "vllm-fa4")
+PLUGIN_BACKENDS = frozenset({"FA4"})  # what vLLM knows only through this package's entry point
+
+# Lists the `fa4` entry points of vLLM's plugin group as the benchmark's vLLM runs would see
+# them (same interpreter, environment and working directory).
+_LIST_PLUGIN = (
+    "from importlib.metadata import entry_points\n"
+    "print(sorted(e.value for e in entry_points(group='vllm.general_plugins') if e.name == 'fa4'))"
+)
+
+
+def plugin_problem(python: str = sys.executable) -> str | None:
+    """Why the vLLM that ``python`` runs would refuse ``--attention-backend FA4``, or None.
+
+    Without the package's `vllm.general_plugins` entry point vLLM answers "Unknown attention
+    backend: 'FA4'" only after loading the model, and the other backends run on alone: a GPU
+    session's minutes spent on a comparison with one side missing."""
+    out = subprocess.run([python, "-c", _LIST_PLUGIN], capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        return f"{python} could not list its vLLM plugins: {out.stderr.strip()[-500:]}"
+    if out.stdout.strip() == "[]":
+        return (
+            f"{python} has no 'fa4' entry point in vllm.general_plugins, so vLLM would refuse "
+            "--attention-backend FA4. Install the package (pip install -e . or the wheel); a "
+            "source tree on PYTHONPATH needs its vllm_fa4.egg-info (an editable install's) "
+            "beside it"
+        )
+    return None
 
 
 def positive_int(text: str) -> int:
@@ -842,6 +869,8 @@ def main(argv=None) -> int:
         sys.exit(f"error: {exc}")
     out_dir = Path(args.out)
     if not args.dry_run:
+        if PLUGIN_BACKENDS & set(backends) and (problem := plugin_problem()):
+            sys.exit(f"error: {problem}")
         out_dir.mkdir(parents=True, exist_ok=True)
     if args.mode == "throughput":
         return run_throughput(args, backends, out_dir)

@@ -633,6 +633,41 @@ def test_throughput_rounds_report_medians_and_every_ratio():
     assert serving.median_records([plain], keys) == [plain]
 
 
+def test_plugin_found_in_this_interpreter():
+    # the package is installed here (CI: the wheel; scripts/test.sh: editable)
+    assert serving.plugin_problem() is None
+
+
+def test_plugin_problem_reads_the_interpreters_entry_points(tmp_path):
+    def fake_python(printed: str, rc: int = 0) -> str:
+        exe = tmp_path / f"python-{rc}-{len(printed)}"
+        exe.write_text(f'#!/bin/sh\necho "{printed}"\nexit {rc}\n')
+        exe.chmod(0o755)
+        return str(exe)
+
+    assert serving.plugin_problem(fake_python("['vllm_fa4:register']")) is None
+    problem = serving.plugin_problem(fake_python("[]"))
+    assert "no 'fa4' entry point" in problem and "egg-info" in problem
+    assert "could not list" in serving.plugin_problem(fake_python("", rc=1))
+
+
+def test_a_run_with_fa4_stops_before_starting_when_vllm_cannot_see_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(serving, "plugin_problem", lambda: "no plugin here")
+
+    def must_not_run(*_):
+        raise AssertionError("a run started")
+
+    monkeypatch.setattr(serving, "run_throughput", must_not_run)
+    argv = ["throughput", "--model", "m", "--out", str(tmp_path / "o")]
+    with pytest.raises(SystemExit, match="no plugin here"):
+        serving.main([*argv, "--backends", "FLASH_ATTN,FA4"])
+    assert not (tmp_path / "o").exists()
+    # FLASH_ATTN alone does not need the plugin; a dry run only prints
+    monkeypatch.setattr(serving, "run_throughput", lambda *a: 0)
+    assert serving.main([*argv, "--backends", "FLASH_ATTN"]) == 0
+    assert serving.main([*argv, "--backends", "FA4", "--dry-run"]) == 0
+
+
 def test_throughput_rounds_dry_run_prints_each_round(capsys):
     args = serving.parse_args(
         [
