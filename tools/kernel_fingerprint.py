@@ -148,7 +148,7 @@ def _served_name(key, role: str) -> str:
     return f"{key.dtype}-hd{key.head_dim}-p{key.page_size}-g{g}{feats}-{role}"
 
 
-def _compile(key, config, has_lse: bool) -> None:
+def _compile(key, config, has_lse: bool, dump_dir: str) -> None:
     from vllm_fa4.kernels.compile import compile_kernel
     from vllm_fa4.kernels.config import KernelConfig, KernelKey
 
@@ -156,7 +156,7 @@ def _compile(key, config, has_lse: bool) -> None:
         key = KernelKey(*key)
     if isinstance(config, str):
         config = KernelConfig.parse(config)
-    compile_kernel(key, config, has_lse)
+    compile_kernel(key, config, has_lse, dump_dir=dump_dir)
 
 
 def normalize_ptx(text: str) -> str:
@@ -190,28 +190,27 @@ def _sass(cubin: Path) -> str:
 
 
 def fingerprint(name: str, case, out_dir: Path, sass: bool) -> dict[str, str]:
-    """Compile one case (key, config, has_lse) with the DSL's dump options and return
+    """Compile one case (key, config, has_lse) with its PTX and cubin dumped and return
     {"<name> <artifact>": sha256}."""
     key, config, has_lse = case
-    # The DSL reads its dump folder once, at import: empty it before every case.
-    dump = os.environ["CUTE_DSL_DUMP_DIR"]
-    shutil.rmtree(dump, ignore_errors=True)
-    os.makedirs(dump)
-    _compile(key, config, has_lse)
-    hashes = {}
-    ptx = sorted(Path(dump).rglob("*.ptx"))
-    if len(ptx) != 1:
-        raise RuntimeError(f"{name}: expected one PTX file, found {len(ptx)}")
-    text = normalize_ptx(ptx[0].read_text())
-    (out_dir / f"{name}.ptx").write_text(text)
-    hashes["ptx"] = hashlib.sha256(text.encode()).hexdigest()
-    if sass:
-        cubins = sorted(Path(dump).rglob("*.cubin"))
-        if len(cubins) != 1:
-            raise RuntimeError(f"{name}: expected one cubin, found {len(cubins)}")
-        text = _sass(cubins[0])
-        (out_dir / f"{name}.sass").write_text(text)
-        hashes["sass"] = hashlib.sha256(text.encode()).hexdigest()
+    dump = tempfile.mkdtemp(prefix="kernel-fingerprint-")  # this compile's files only
+    try:
+        _compile(key, config, has_lse, dump)
+        ptx = sorted(Path(dump).rglob("*.ptx"))
+        if len(ptx) != 1:
+            raise RuntimeError(f"{name}: expected one PTX file, found {len(ptx)}")
+        text = normalize_ptx(ptx[0].read_text())
+        (out_dir / f"{name}.ptx").write_text(text)
+        hashes = {"ptx": hashlib.sha256(text.encode()).hexdigest()}
+        if sass:
+            cubins = sorted(Path(dump).rglob("*.cubin"))
+            if len(cubins) != 1:
+                raise RuntimeError(f"{name}: expected one cubin, found {len(cubins)}")
+            text = _sass(cubins[0])
+            (out_dir / f"{name}.sass").write_text(text)
+            hashes["sass"] = hashlib.sha256(text.encode()).hexdigest()
+    finally:
+        shutil.rmtree(dump, ignore_errors=True)
     return {f"{name} {kind}": h for kind, h in hashes.items()}
 
 
@@ -253,8 +252,6 @@ def main(argv=None) -> int:
         ap.error("--sass needs cuobjdump (Triton's bundled copy or one on PATH)")
 
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    os.environ["CUTE_DSL_KEEP"] = "ptx,cubin" if args.sass else "ptx"
-    os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="kernel-fingerprint-")
     sys.path.insert(0, str(REPO))
     if args.served:
         served = served_cases() + fp8_cases()
