@@ -291,9 +291,9 @@ LONG_BY_PAGE: dict[tuple[int, bool, int, bool], str] = {
 # +2.4 %, 2k after 8k +1.4 %; 1.015-1.046x FA3c). Session 29's strided claims on another day
 # gained +0.7 % on average: the gain moves with the board's power state. With soft cap 50
 # (2026-11-29, session 31, H200, two runs, 4k-16k): page 16 -1.8 to +2.7 % (4kx4 lost in
-# both), page 128 +0.3 to +1.5 %: the tanh's MUFU time sets those kernels' pace, so the cap
-# keeps the row's pick. Not measured on an H100, nor with sinks (kept off); pages 32 and 64
-# run page 16's code.
+# both), page 128 +0.3 to +1.5 % (the tanh's MUFU work likely sets those kernels' pace; not
+# profiled), so the cap keeps the row's pick. Not measured on an H100, nor with sinks (kept
+# off); pages 32 and 64 run page 16's code.
 MULTICAST_LONG = "kv_multicast"
 
 
