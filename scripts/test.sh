@@ -13,6 +13,7 @@ cd "$(dirname "$0")/.."
 EXTRAS="[dev]" source scripts/_venv.sh
 source scripts/_gpu.sh
 export CUTE_DSL_ARCH="${CUTE_DSL_ARCH:-sm_90a}"  # compile-only kernel tests target Hopper
+unset PYTHONDONTWRITEBYTECODE  # keep .pyc files: else each test process compiles vLLM again
 if [ $# -gt 0 ] && [[ "$1" != -* ]]; then
   workers=${TEST_WORKERS:-0}
 else
