@@ -1399,6 +1399,10 @@ def main(argv=None) -> int:
     if args.dry_run:
         log(plan_text(args, backends, mix))
         return 0
+    # FA4 must be visible to the `vllm serve` we start, else that fails after loading the model
+    needs_plugin = args.server_command is None and serving.PLUGIN_BACKENDS & set(backends)
+    if needs_plugin and (problem := serving.plugin_problem()):
+        sys.exit(f"error: {problem}")
     out_dir.mkdir(parents=True, exist_ok=True)
     serving.install_cleanup()
     for b in backends:

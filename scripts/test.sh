@@ -6,6 +6,7 @@
 #   scripts/test.sh FILE... [OPTIONS]    # only those files, folders or test ids
 #   scripts/test.sh -k plan              # options alone apply to the README suite
 #   scripts/test.sh -m compile_matrix    # the full kernel compile matrix (CI runs it too)
+#   scripts/test.sh -m compile_variants  # the configs serving never launches (not in CI)
 # Options go to pytest. The README suite runs on 2 workers (pytest-xdist) where no SM90 GPU is
 # visible (GPU tests stay serial); TEST_WORKERS=N overrides, 0 runs in one process.
 set -euo pipefail

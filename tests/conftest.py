@@ -1,5 +1,6 @@
 """Test-suite switches: `gpu` tests need an SM90 GPU, `slow` ones run only when asked,
-`compile_matrix` ones only when ``-m`` selects them (pyproject's addopts leave them out).
+`compile_matrix` and `compile_variants` ones only when ``-m`` selects them (pyproject's
+addopts leave them out).
 
 VLLM_FA4_TEST_INSTALLED=1 (set by .ci/run): the suite tests an installed wheel, so a
 ``vllm_fa4`` imported from this checkout is an error; the package's location is printed.

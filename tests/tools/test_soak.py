@@ -685,6 +685,29 @@ def test_fake_server_counts_a_client_gone_before_its_body_arrived(gone):
     assert (state.requests, state.aborted, state.running, state.completed) == (1, 1, 0, 0)
 
 
+def test_soak_stops_before_any_server_when_vllm_cannot_see_fa4(tmp_path, monkeypatch):
+    """Without the package's entry point `vllm serve --attention-backend FA4` fails only after
+    loading the model: the soak refuses at once, naming why, and starts nothing."""
+    monkeypatch.setattr(soak.serving, "plugin_problem", lambda: "no plugin here")
+
+    def must_not_run(*_):
+        raise AssertionError("a server started")
+
+    monkeypatch.setattr(soak, "run_backend", must_not_run)
+    with pytest.raises(SystemExit, match="no plugin here"):
+        soak.main(["--out", str(tmp_path / "o"), "--backends", "FA4,FLASH_ATTN"])
+    assert not (tmp_path / "o").exists()
+    # FLASH_ATTN alone, or a stand-in server command, does not need the plugin
+    ran = []
+    passed = {"rules": [], "passed": True}
+    monkeypatch.setattr(soak, "run_backend", lambda args, b, mix, out: ran.append(b) or passed)
+    monkeypatch.setattr(soak, "write_json", lambda *a: None)
+    monkeypatch.setattr(soak, "write_report", lambda *a: 0)
+    for argv in (["--backends", "FLASH_ATTN"], ["--backends", "FA4", "--server-command", "x"]):
+        assert soak.main(["--out", str(tmp_path / "p"), "--settle-s", "0", *argv]) == 0
+    assert ran == ["FLASH_ATTN", "FA4"]
+
+
 def test_soak_main_with_a_fake_server_process(tmp_path, monkeypatch):
     """The whole cycle per backend (start, /health, warmup, load, drain, probe, log scan, stop,
     report); the FA4 'server' injects HTTP 500s (during the load, not into the probe after it)
