@@ -9,6 +9,7 @@ under the entry ``(key, config, has_lse)``.
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from vllm_fa4 import envs
@@ -68,7 +69,8 @@ def compile_kernel(
 ):
     """Trace and compile one kernel (no cache). With ``dump_dir`` the DSL also writes the
     kernel's PTX and cubin there (tests and tools that read the machine code; in this
-    process, where the DSL's CUTE_DSL_DUMP_DIR is read once at import)."""
+    process, where the DSL's CUTE_DSL_DUMP_DIR is read once at import). The folder is made
+    if missing: the DSL writes nothing into a missing one, and says nothing."""
     reason = key.unsupported_reason() or config.unsupported_reason(key)
     if reason is not None:
         raise ValueError(f"vllm_fa4: cannot build {key} with {config.spec}: {reason}")
@@ -76,6 +78,7 @@ def compile_kernel(
     if dump_dir is not None:
         if any(ch.isspace() for ch in str(dump_dir)):
             raise ValueError(f"vllm_fa4: dump_dir {dump_dir!r} holds whitespace (an option value)")
+        os.makedirs(dump_dir, exist_ok=True)
         options += f" --keep-ptx --keep-cubin --dump-dir {dump_dir}"
     kern = Sm90PagedPrefill(key, config, has_lse)
     with memoized_source_locations():
