@@ -30,7 +30,7 @@ must not exceed FA3-fp8's). Its default cases add 512 queries after 32k and 128k
 
 --profile launches each contender once inside a profiler window instead of timing (warmed up
 first), for Nsight Compute (the shared-memory traffic of the fp8 path against bf16's):
-  ncu --clock-control none --profile-from-start off -k regex:"Sm90PagedPrefill|FlashAttnFwd" \
+  ncu --clock-control none --profile-from-start off -k regex:"Sm90PagedPrefill|device_kernel" \
       --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables --section WarpStateStats \
       python benchmarks/fp8_ab.py --profile --cases 16kx1 --pages 16 --models llama-3.1-8b
 """

@@ -1,6 +1,6 @@
 """One case, each contender launched once inside a profiler window, for Nsight Compute.
 
-    ncu --clock-control none --profile-from-start off -k regex:"Sm90PagedPrefill|FlashAttnFwd" \
+    ncu --clock-control none --profile-from-start off -k regex:"Sm90PagedPrefill|device_kernel" \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
         python benchmarks/profile_case.py --case 8kx2 --page 128 \
             --contenders "default default@l2=32"
