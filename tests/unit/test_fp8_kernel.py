@@ -35,6 +35,7 @@ def fp8_key(hd=128, page=16, **features) -> KernelKey:
         (256, "queue+overlap", 1),  # 128 KB of 16-bit K/V stages
         # fp8_qk: K stays e4m3 (no 16-bit K stages), so Q's ring and two V slots fit
         (128, "queue_with_work+pv_wait_mid+q_tma+lazy_max+fp8_qk", 2),
+        (128, "queue_with_work+pv_wait_mid+q_tma+lazy_max+fp8_qk_rounded", 2),
     ],
 )
 def test_staging_stages_fill_shared_memory(hd, spec, stages):
@@ -58,23 +59,24 @@ def test_configs_the_fp8_kernel_does_not_build(spec, words):
     assert config.unsupported_reason(KernelKey("bfloat16", 128, 16, 4)) is None
 
 
+@pytest.mark.parametrize("qk", ["fp8_qk", "fp8_qk_rounded"])
 @pytest.mark.parametrize(
     "key,words",
     [
-        (KernelKey("bfloat16", 128, 16, 4), "'fp8_qk' without an fp8 KV cache"),
+        (KernelKey("bfloat16", 128, 16, 4), "'{qk}' without an fp8 KV cache"),
         (KernelKey("float16", 128, 16, 4, kv_dtype=FP8_E4M3), "float16 model (bfloat16 only)"),
-        (fp8_key(64), "'fp8_qk' at head dim 64"),
-        (fp8_key(256), "'fp8_qk' at head dim 256"),
-        (fp8_key(128, softcap=True), "'fp8_qk' with a soft cap"),
+        (fp8_key(64), "'{qk}' at head dim 64"),
+        (fp8_key(256), "'{qk}' at head dim 256"),
+        (fp8_key(128, softcap=True), "'{qk}' with a soft cap"),
     ],
 )
-def test_fp8_qk_builds_where_it_was_measured_only(key, words):
+def test_fp8_qk_builds_where_it_was_measured_only(qk, key, words):
     """Q's split into two e4m3 parts holds a bf16 value, not an fp16 one; the cap needs S
-    itself; head dims other than 128 were never measured."""
-    config = KernelConfig.parse("queue+pv_wait_mid+lazy_max+fp8_qk")
-    assert words in config.unsupported_reason(key)
+    itself; head dims other than 128 were never measured (Q rounded once: the same kernel)."""
+    config = KernelConfig.parse(f"queue+pv_wait_mid+lazy_max+{qk}")
+    assert words.format(qk=qk) in config.unsupported_reason(key)
     assert config.unsupported_reason(fp8_key(128, page=128, sliding_window=True)) is None
-    prefetch = KernelConfig.parse("queue+overlap+q_prefetch+fp8_qk")
+    prefetch = KernelConfig.parse(f"queue+overlap+q_prefetch+{qk}")
     assert "q_prefetch" in prefetch.unsupported_reason(fp8_key())
 
 
@@ -187,6 +189,23 @@ def test_fp8_qk_ptx_runs_q_kt_on_e4m3_and_converts_only_v(tmp_path):
     assert wgmma == {("k32", "e4m3", "e4m3"), ("k16", "f16", "f16")}, wgmma
     assert "cvt.rn.satfinite.e4m3x2.f32" in text  # Q's split, once a tile
     assert "cvt.rn.f16x2.e4m3x2" in text  # V's conversion (and the split's hi back to f16)
+
+
+def test_fp8_qk_rounded_ptx_runs_half_the_e4m3_wgmmas(tmp_path):
+    """fp8_qk_rounded (Q rounded once to e4m3): the split's kernel with its lo part's Q K^T
+    gone, so half of fp8_qk's e4m3 wgmmas, the fp16 P V unchanged."""
+    import re
+
+    def wgmmas(spec: str, folder: str) -> dict:
+        (tmp_path / folder).mkdir()
+        text = compiled_ptx(tmp_path / folder, 128, spec)
+        found = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k\d+\.f32\.(\w+)\.\w+", text)
+        return {kind: found.count(kind) for kind in set(found)}
+
+    split = wgmmas("queue+pv_wait_mid+lazy_max+fp8_qk", "split")
+    rounded = wgmmas("queue+pv_wait_mid+lazy_max+fp8_qk_rounded", "rounded")
+    assert split["e4m3"] > 0 and rounded["e4m3"] * 2 == split["e4m3"], (split, rounded)
+    assert rounded["f16"] == split["f16"] > 0
 
 
 @pytest.mark.parametrize("warps", [2, 3])

@@ -225,3 +225,28 @@ def test_q_split_is_exact_for_bf16_rows():
             big = row.abs() >= amax * 2.0**-9
             assert torch.equal((hi + lo)[big], x[big])
             assert float(((hi + lo) - x).abs().max()) <= 2.0**-10
+
+
+def test_q_rounded_to_e4m3_is_the_kernels_hi_part():
+    """testing.cases.q_rounded_to_e4m3 (the GPU tests' reference Q for `fp8_qk_rounded`) is
+    the split's hi part times its row's p, row by row as the kernel scales (row_scale_pow2's
+    bit arithmetic), exact in bf16, and within e4m3's half step (2^-4 relative) of Q for
+    every element of at least 2^-6 of its row's largest (e4m3 normals under p)."""
+    import torch
+
+    from vllm_fa4.testing.cases import q_rounded_to_e4m3
+
+    gen = torch.Generator().manual_seed(1)
+    for log_scale in (-20, -6, 0, 5, 20):
+        q = (torch.randn(3, 4, 128, generator=gen) * 2.0**log_scale).to(torch.bfloat16)
+        q[0, 0, :100] *= 1e-4  # a few large and many tiny values
+        q[1, 2] = 0.0  # an empty row
+        got = q_rounded_to_e4m3(q)
+        assert got.dtype == torch.bfloat16
+        for row, out in zip(q.float().reshape(-1, 128), got.float().reshape(-1, 128)):
+            amax = float(row.abs().max())
+            inv_p, p = _row_scale_pow2(amax, True), _row_scale_pow2(amax, False)
+            want = (row * inv_p).to(torch.float8_e4m3fn).float() * p
+            assert torch.equal(out, want)
+            big = row.abs() >= amax * 2.0**-6
+            assert float(((out - row).abs() / row.abs().clamp_min(1e-30))[big].max()) <= 2.0**-4

@@ -271,6 +271,10 @@ class Fp8Qk(Enum):
     # under a power-of-two row scale (hi + lo = Q; fwd_sm90 split_q): the converters
     # convert only V, and K's 16-bit stages and their shared-memory traffic go away.
     SPLIT_Q = "fp8_qk"
+    # SPLIT_Q with Q rounded once to e4m3 (the split's hi part alone, under the same row
+    # scale): one FP8 GEMM for Q K^T instead of two, Q K^T as precise as FA3-FP8's (whose Q
+    # is e4m3 too, with one per-tensor scale), P V still 16-bit (issue 30's true-FP8 question).
+    ROUNDED_Q = "fp8_qk_rounded"
 
 
 class KvShare(Enum):
@@ -474,7 +478,7 @@ class KernelConfig:
             reason = self._fp8_unsupported_reason()
             if reason is not None:
                 return reason
-        if self.fp8_qk is Fp8Qk.SPLIT_Q:
+        if self.fp8_qk is not Fp8Qk.CONVERTED_K:
             reason = self._split_q_unsupported_reason(key)
             if reason is not None:
                 return reason
@@ -529,23 +533,24 @@ class KernelConfig:
         return None
 
     def _split_q_unsupported_reason(self, key: KernelKey) -> str | None:
-        """What `fp8_qk` is not built for (measured at head dim 128 only)."""
+        """What `fp8_qk` (and `fp8_qk_rounded`) is not built for (head dim 128 only)."""
+        name = f"'{self.fp8_qk.value}'"
         if not key.fp8_kv:
-            return "'fp8_qk' without an fp8 KV cache"
+            return f"{name} without an fp8 KV cache"
         if key.head_dim != 128:
-            return f"'fp8_qk' at head dim {key.head_dim} (built for head dim 128)"
+            return f"{name} at head dim {key.head_dim} (built for head dim 128)"
         if key.softcap:
             # the cap needs S itself before the mask; the row scale rides in scale_log2
-            return "'fp8_qk' with a soft cap"
+            return f"{name} with a soft cap"
         if key.dtype != "bfloat16":
             # a bf16 value's 8 significant bits fit two e4m3 parts; fp16's 11 would need a
             # third (the fp16 rows failed the error rule with two: 1.7x the mean bound)
-            return f"'fp8_qk' with a {key.dtype} model (bfloat16 only)"
+            return f"{name} with a {key.dtype} model (bfloat16 only)"
         if self.q_load is QLoad.PREFETCH:
-            return "'fp8_qk' with 'q_prefetch' (the split waits for Q in the tile's first block)"
+            return f"{name} with 'q_prefetch' (the split waits for Q in the tile's first block)"
         if self.staging_stages(key) != KV_STAGES:
             # the producer issues K's ring and V's staging ring with one pipeline state
-            return f"'fp8_qk' with {self.staging_stages(key)} fp8 staging stages"
+            return f"{name} with {self.staging_stages(key)} fp8 staging stages"
         return None
 
     def _smem_bytes(self, key: KernelKey, staging_stages: int) -> int:
@@ -555,7 +560,7 @@ class KernelConfig:
         geo = self.geometry(key)
         kv_tile = geo.tile_n * key.head_dim  # elements of one K or V tile
         q_bytes = 2 * self.q_stages * geo.tile_m * key.head_dim
-        if self.fp8_qk is Fp8Qk.SPLIT_Q and key.fp8_kv:
+        if self.fp8_qk is not Fp8Qk.CONVERTED_K and key.fp8_kv:
             split_q = 2 * geo.tile_m * key.head_dim + 4 * geo.tile_m
             return q_bytes + split_q + kv_tile * (KV_STAGES + 2 * KV_STAGES + staging_stages)
         return q_bytes + 2 * 2 * kv_tile * KV_STAGES + 2 * kv_tile * staging_stages

@@ -283,7 +283,9 @@ class Sm90PagedPrefill:
             self.mma_dtype = cutlass.Float16
         # `fp8_qk`: S = Q K^T on FP8 wgmma from the staged e4m3 K; Q split into two e4m3
         # halves once a tile (split_q), K never converted.
-        self.fp8_qk = key.fp8_kv and cfg.fp8_qk is Fp8Qk.SPLIT_Q
+        self.fp8_qk = key.fp8_kv and cfg.fp8_qk is not Fp8Qk.CONVERTED_K
+        # Q's e4m3 parts the Q K^T reads: hi and lo (`fp8_qk`), or hi alone (`fp8_qk_rounded`)
+        self.q_parts = 2 if cfg.fp8_qk is Fp8Qk.SPLIT_Q else 1
         self.qk_dtype = self.cache_dtype if self.fp8_qk else self.mma_dtype
         self.q_converts = self.mma_dtype is not self.dtype and not self.fp8_qk
         self.staging_stages = cfg.staging_stages(key)
@@ -1352,8 +1354,9 @@ class Sm90PagedPrefill:
     ):
         """`fp8_qk`: this warpgroup's 64 rows of Q (16-bit, landed) -> their e4m3 halves in sQ8
         and power-of-two row scales p (fp8_kv.split_pair: hi + lo = q / p); fills
-        rows_scale_log2 with this thread's accumulator rows' scale_log2 * p. The previous
-        tile's Q K^T have completed (their waits), so sQ8 and the scales are free."""
+        rows_scale_log2 with this thread's accumulator rows' scale_log2 * p; with
+        `fp8_qk_rounded` the hi halves alone (Q rounded to e4m3). The previous tile's Q K^T
+        have completed (their waits), so sQ8 and the scales are free."""
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
         thr_copy = self.q_rows_copy(atom, tidx)
         src = thr_copy.partition_S(cute.local_tile(sQ, (64, self.head_dim), (wg, 0)))
@@ -1384,7 +1387,7 @@ class Sm90PagedPrefill:
             for k in cutlass.range_constexpr(cute.size(src, mode=[2])):
                 vals = row_vals[k]
                 pairs = [split_pair(vals[e] * inv_p, vals[e + 1] * inv_p) for e in range(0, 8, 2)]
-                for h in cutlass.range_constexpr(2):
+                for h in cutlass.range_constexpr(self.q_parts):
                     out = cute.make_rmem_tensor(cute.make_layout(8), self.cache_dtype)
                     words = cute.recast_tensor(out, Int32)
                     words[0] = halves(pairs[0], pairs[1], h == 1)
@@ -1713,7 +1716,7 @@ class Sm90PagedPrefill:
         wg_pv = tiled_mma_pv.get_slice(wg * 128)
         if cutlass.const_expr(self.fp8_qk):
             halves_frag = wg_qk.make_fragment_A(wg_qk.partition_A(sQ))
-            tSrQ = tuple(halves_frag[None, None, None, h] for h in range(2))
+            tSrQ = tuple(halves_frag[None, None, None, h] for h in range(self.q_parts))
         else:
             tSrQ = wg_qk.make_fragment_A(wg_qk.partition_A(sQ))
         tSrK = wg_qk.make_fragment_B(wg_qk.partition_B(sK))

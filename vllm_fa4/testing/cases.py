@@ -479,6 +479,19 @@ def quantize_fp8(kv: torch.Tensor, head_dim: int, k_scale: float, v_scale: float
     return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
 
 
+def q_rounded_to_e4m3(q: torch.Tensor) -> torch.Tensor:
+    """Q as `fp8_qk_rounded` reads it (fwd_sm90 split_q, its hi part alone): each row (token,
+    head) divided by the power of two p that puts its largest |q| / p in [128, 256) (the
+    largest's biased fp32 exponent clamped to [8, 254], as fp8_kv.row_scale_pow2), rounded to
+    e4m3 and multiplied back, in ``q``'s dtype (exact there: 4 significant bits)."""
+    x = q.float()
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    biased = ((amax.view(torch.int32) >> 23) & 0xFF).clamp(8, 254)
+    p = torch.pow(2.0, (biased - 134).float())
+    hi = (x / p).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
+    return (hi * p).to(q.dtype)
+
+
 def _layout(
     values: torch.Tensor, block_pad: int, layers: int, layer: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
