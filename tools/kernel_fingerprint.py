@@ -21,8 +21,11 @@ Writes one normalized PTX file per case and `hashes.txt` (case, sha256). `--comp
 `same` / `DIFF` per case and exits 1 on any difference (a refactor must print no DIFF). With
 `--sass`, cuobjdump (where installed) disassembles the cubins too and hashes the SASS as well.
 
-Normalization only removes what names the source, never what the GPU runs: comments, and the
-entry's name (it embeds the Python module and class path) replaced by `KERNEL` everywhere.
+Normalization only removes what names the source, never what the GPU runs: comments, the
+entry's name (it embeds the Python module and class path) replaced by `KERNEL` everywhere, and
+the virtual registers' numbers, renumbered in order of first appearance (a one-to-one renaming;
+the DSL's numbering can depend on the process's earlier compiles). `--sass` compares what
+ptxas made of them.
 """
 
 from __future__ import annotations
@@ -159,11 +162,35 @@ def _compile(key, config, has_lse: bool, dump_dir: str) -> None:
     compile_kernel(key, config, has_lse, dump_dir=dump_dir)
 
 
+# What normalize_ptx does, written as hashes.txt's first line: a --compare against a folder
+# another version wrote would report every case as different (2: registers renumbered).
+NORMALIZATION = "normalization 2"
+
+# Virtual registers (%r12, %rd3, %f7, %p1, ...), not the declarations (%r<230>) or the special
+# registers (%tid.x).
+VIRTUAL_REGISTER = re.compile(r"%(rd|rs|r|fd|f|p|hh|h)(\d+)\b")
+
+
+def renumber_registers(text: str) -> str:
+    """Each class's virtual registers renumbered in order of first appearance: a one-to-one
+    renaming, the same program. The DSL's numbering can depend on what the process compiled
+    before (session 33: one config's PTX came out numbered differently in the tool's long-lived
+    process, the same instructions, and byte-identical when compiled alone)."""
+    numbers: dict[str, dict[str, int]] = {}
+
+    def renumber(m: re.Match) -> str:
+        seen = numbers.setdefault(m.group(1), {})
+        return f"%{m.group(1)}{seen.setdefault(m.group(2), len(seen))}"
+
+    return VIRTUAL_REGISTER.sub(renumber, text)
+
+
 def normalize_ptx(text: str) -> str:
     text = re.sub(r"//[^\n]*", "", text)
     m = re.search(r"\.entry\s+([A-Za-z0-9_$]+)", text)
     if m:
         text = text.replace(m.group(1), "KERNEL")
+    text = renumber_registers(text)
     return "\n".join(line.rstrip() for line in text.splitlines() if line.strip()) + "\n"
 
 
@@ -277,9 +304,14 @@ def main(argv=None) -> int:
     hashes: dict[str, str] = {}
     before = {}
     if args.compare is not None:
-        before = dict(
-            line.rsplit(" ", 1) for line in (args.compare / "hashes.txt").read_text().splitlines()
-        )
+        lines = (args.compare / "hashes.txt").read_text().splitlines()
+        if not lines or lines[0] != NORMALIZATION:
+            found = lines[0] if lines and lines[0].startswith("normalization") else "none"
+            ap.error(
+                f"{args.compare} was written with another PTX normalization ({found}, this tool: "
+                f"{NORMALIZATION}); run this tool on the earlier commit again"
+            )
+        before = dict(line.rsplit(" ", 1) for line in lines[1:])
     rebuilt = []
     for i, (name, case) in enumerate(cases, 1):
         print(f"[{i}/{len(cases)}] {name}", flush=True)
@@ -294,7 +326,8 @@ def main(argv=None) -> int:
             print(f"  differs; rebuilding {name}", flush=True)
             got = fingerprint(name, case, args.out, args.sass)
         hashes.update(got)
-    (args.out / "hashes.txt").write_text("".join(f"{k} {v}\n" for k, v in sorted(hashes.items())))
+    lines = [NORMALIZATION] + [f"{k} {v}" for k, v in sorted(hashes.items())]
+    (args.out / "hashes.txt").write_text("".join(line + "\n" for line in lines))
     if args.compare is None:
         return 0
     differ = new = 0

@@ -333,6 +333,7 @@ def main(argv=None) -> int:
     os.environ["VLLM_FA4_PREFILL_ROUTE"] = "kernel"
     from vllm_fa4.kernels.compile import compile_keys
     from vllm_fa4.paged_prefill import run_prefill
+    from vllm_fa4.testing.cases import q_as_read_by
 
     if args.ctas is not None:
         _cap_persistent_grid(args.ctas)
@@ -362,7 +363,8 @@ def main(argv=None) -> int:
             **case.kv_scales,  # an FP8 cache's k_scale / v_scale (1.0 for 16-bit)
         )
         torch.cuda.synchronize()
-        ref, _ = case.reference()  # fp32, on the dequantized cache for FP8 (the GPU tests')
+        # fp32, on the dequantized cache for FP8, with Q as the config reads it (the GPU tests')
+        ref, _ = case.reference(q_as_read_by(config, case.key, case.q))
         err = float((out.float() - ref).abs().max())
         ok = bool(torch.isfinite(out).all()) and err < 0.02 * max(1.0, float(ref.abs().max()))
         bad += not ok

@@ -1,7 +1,7 @@
 """GPU correctness of the kernel on FP8 (e4m3) KV caches (issue 30) against the fp32 reference
 on the dequantized cache, with the 16-bit error rule (checks.assert_attention_close against
 the model-dtype reference of the same cache; for `fp8_qk_rounded` both references read Q
-rounded as that config rounds it, cases.q_rounded_to_e4m3).
+rounded as that config rounds it, cases.q_as_read_by).
 
 What an fp8 cache adds to the kernel (kernels/fp8_kv.py): TMA into a staging ring, converter
 warps, k_scale in the softmax scale and v_scale in the epilogue. The cases below aim at what
@@ -15,7 +15,6 @@ model features (window, soft cap, sinks). Runs once per config of VLLM_FA4_TEST_
 import pytest
 import torch
 
-from vllm_fa4.kernels.config import Fp8Qk
 from vllm_fa4.testing.variants import config_id, sweep_configs
 
 pytestmark = pytest.mark.gpu
@@ -47,9 +46,7 @@ def run_fp8_case(specs, hq, hkv, hd, page, dtype, variant, seed=0, **case_option
     torch.cuda.synchronize()
     # `fp8_qk_rounded` rounds Q to e4m3 by design (its error against FA3-FP8's is measured by
     # benchmarks/fp8_ab.py --accuracy): the references read that Q, so the rule checks the rest
-    q = None
-    if variant is not None and variant.fp8_qk is Fp8Qk.ROUNDED_Q:
-        q = cases.q_rounded_to_e4m3(case.q)
+    q = cases.q_as_read_by(variant, case.key, case.q)
     ref, ref_lse = case.reference(q)
     lowp, _ = case.reference(q, compute_dtype=dtype)
     checks.assert_attention_close(out, ref, lowp, cu_seqlens_q=case.cu_seqlens_q)

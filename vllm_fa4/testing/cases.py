@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vllm_fa4.kernels.config import KernelConfig, KernelKey
+from vllm_fa4.kernels.config import Fp8Qk, KernelConfig, KernelKey
 from vllm_fa4.paged_prefill import PrefillPlan, paged_attention_reference, plan_prefill
 from vllm_fa4.paged_prefill.policy import serving_configs
 
@@ -490,6 +490,16 @@ def q_rounded_to_e4m3(q: torch.Tensor) -> torch.Tensor:
     p = torch.pow(2.0, (biased - 134).float())
     hi = (x / p).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
     return (hi * p).to(q.dtype)
+
+
+def q_as_read_by(config: KernelConfig | None, key: KernelKey, q: torch.Tensor) -> torch.Tensor:
+    """The queries ``config``'s kernel for ``key`` computes with, for a test's references:
+    ``q`` itself, or where `fp8_qk_rounded` builds (an FP8 cache at head dim 128) Q rounded to
+    e4m3 as that kernel rounds it (q_rounded_to_e4m3). None: the serving picks (never it)."""
+    rounds = config is not None and config.fp8_qk is Fp8Qk.ROUNDED_Q
+    if rounds and key.fp8_kv and config.unsupported_reason(key) is None:
+        return q_rounded_to_e4m3(q)
+    return q
 
 
 def _layout(
