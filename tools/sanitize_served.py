@@ -364,7 +364,7 @@ def main(argv=None) -> int:
         )
         torch.cuda.synchronize()
         # fp32, on the dequantized cache for FP8, with Q as the config reads it (the GPU tests')
-        ref, _ = case.reference(q_as_read_by(config, case.key, case.q))
+        ref, _ = case.reference(q_as_read_by(config, case, case.q))
         err = float((out.float() - ref).abs().max())
         ok = bool(torch.isfinite(out).all()) and err < 0.02 * max(1.0, float(ref.abs().max()))
         bad += not ok

@@ -363,7 +363,7 @@ def _run_prefill_level(b: fuzz.Batch, config, ctx) -> dict:
     else:
         kv_clean = case.kv_view(snap["kv_cache"].nan_to_num_(0.0))
     # `fp8_qk_rounded` (opt-in) rounds Q to e4m3 by design: FA3 and the reference read that Q
-    q_ref = q_as_read_by(config, case.key, q)
+    q_ref = q_as_read_by(config, case, q)
     fa3 = _fa3(q_ref, kv_clean[..., :d], kv_clean[..., d:], case)
     ref, ref_lse = case.reference(q_ref)
     stats = _compare(out, fa3, ref, dtype, cu, softcap=b.softcap is not None)

@@ -46,7 +46,7 @@ def run_fp8_case(specs, hq, hkv, hd, page, dtype, variant, seed=0, **case_option
     torch.cuda.synchronize()
     # `fp8_qk_rounded` rounds Q to e4m3 by design (its error against FA3-FP8's is measured by
     # benchmarks/fp8_ab.py --accuracy): the references read that Q, so the rule checks the rest
-    q = cases.q_as_read_by(variant, case.key, case.q)
+    q = cases.q_as_read_by(variant, case, case.q)
     ref, ref_lse = case.reference(q)
     lowp, _ = case.reference(q, compute_dtype=dtype)
     checks.assert_attention_close(out, ref, lowp, cu_seqlens_q=case.cu_seqlens_q)

@@ -254,23 +254,29 @@ def test_q_rounded_to_e4m3_is_the_kernels_hi_part():
 
 def test_q_as_read_by_rounds_only_where_fp8_qk_rounded_builds():
     """The tests' references read the rounded Q only for a kernel that rounds it: the served
-    picks (None), the split, a 16-bit cache and a head dim it cannot build keep Q."""
+    picks (None), the split, a 16-bit cache and a head dim it cannot build keep Q; the case's
+    key is not read for any other config."""
+    from types import SimpleNamespace
+
     import torch
 
     from vllm_fa4.kernels.config import FP8_E4M3, KernelConfig, KernelKey
     from vllm_fa4.testing.cases import q_as_read_by, q_rounded_to_e4m3
 
+    def case(head_dim=128, kv_dtype=FP8_E4M3):
+        return SimpleNamespace(key=KernelKey("bfloat16", head_dim, 16, 4, kv_dtype=kv_dtype))
+
+    class NoKey:  # a case whose key raises (a fuzz shape no kernel builds)
+        @property
+        def key(self):
+            raise AssertionError("read the key")
+
     q = torch.randn(5, 4, 128).to(torch.bfloat16)
-    fp8, bf16 = (
-        KernelKey("bfloat16", 128, 16, 4, kv_dtype=FP8_E4M3),
-        KernelKey("bfloat16", 128, 16, 4),
-    )
     rounded = KernelConfig.parse("queue_with_work+pv_wait_mid+q_tma+lazy_max+fp8_qk_rounded")
     split = KernelConfig.parse("queue_with_work+pv_wait_mid+q_tma+lazy_max+fp8_qk")
-    assert torch.equal(q_as_read_by(rounded, fp8, q), q_rounded_to_e4m3(q))
+    assert torch.equal(q_as_read_by(rounded, case(), q), q_rounded_to_e4m3(q))
     assert not torch.equal(q_rounded_to_e4m3(q), q)
-    for config, key in ((None, fp8), (split, fp8), (rounded, bf16)):
-        assert q_as_read_by(config, key, q) is q
-    q64 = torch.randn(5, 4, 64).to(torch.bfloat16)
-    key64 = KernelKey("bfloat16", 64, 16, 4, kv_dtype=FP8_E4M3)
-    assert q_as_read_by(rounded, key64, q64) is q64
+    assert q_as_read_by(rounded, case(kv_dtype=None), q) is q
+    assert q_as_read_by(rounded, case(head_dim=64), q) is q
+    for config in (None, split):
+        assert q_as_read_by(config, NoKey(), q) is q

@@ -492,12 +492,15 @@ def q_rounded_to_e4m3(q: torch.Tensor) -> torch.Tensor:
     return (hi * p).to(q.dtype)
 
 
-def q_as_read_by(config: KernelConfig | None, key: KernelKey, q: torch.Tensor) -> torch.Tensor:
-    """The queries ``config``'s kernel for ``key`` computes with, for a test's references:
-    ``q`` itself, or where `fp8_qk_rounded` builds (an FP8 cache at head dim 128) Q rounded to
-    e4m3 as that kernel rounds it (q_rounded_to_e4m3). None: the serving picks (never it)."""
-    rounds = config is not None and config.fp8_qk is Fp8Qk.ROUNDED_Q
-    if rounds and key.fp8_kv and config.unsupported_reason(key) is None:
+def q_as_read_by(config: KernelConfig | None, case: PagedCase, q: torch.Tensor) -> torch.Tensor:
+    """The queries ``config``'s kernel for ``case``'s key computes with, for a test's
+    references: ``q`` itself, or where `fp8_qk_rounded` builds (an FP8 cache at head dim 128)
+    Q rounded to e4m3 as that kernel rounds it (q_rounded_to_e4m3). None: the serving picks
+    (never it). The key is read only for that config (a fuzz shape may have none)."""
+    if config is None or config.fp8_qk is not Fp8Qk.ROUNDED_Q:
+        return q
+    key = case.key
+    if key.fp8_kv and config.unsupported_reason(key) is None:
         return q_rounded_to_e4m3(q)
     return q
 
