@@ -18,6 +18,8 @@ Variants:
             lo K^T) from two e4m3 x e4m3 GEMMs (together one fp16 GEMM's tensor time), P V as
             today (session 10's FP8 SASS report, docs/results/2026-11-27/sass-fp8-hd128-p128)
   split14   split with each 32-term partial sum of each half rounded to 14 significant bits
+  rounded   split's hi part alone (`fp8_qk_rounded`: Q rounded once to e4m3 under the power-of-two
+            row scale, one e4m3 GEMM), P V as today
   fa3fp8    vLLM's FA3 FP8 path as modelled here: Q in e4m3 with scale 1.0, P in e4m3 for P V
 """
 
@@ -87,6 +89,8 @@ def variants(q, k8, k_scale, v8, v_scale, scale):
         for c in range(0, d, 32)
     )
     out["split14"] = attend(scale * k_scale * p2 * chains, v8, v_scale, fp16)
+    # `fp8_qk_rounded`: the split's hi part alone (one e4m3 GEMM), P V as today
+    out["rounded"] = attend(scale * k_scale * p2 * (hi @ k8.T), v8, v_scale, fp16)
     out["fa3fp8"] = attend(scale * k_scale * (e4m3(q) @ k8.T), v8, v_scale, e4m3)
     return out
 

@@ -37,3 +37,21 @@ def test_q_split_into_two_e4m3_halves_keeps_todays_error():
     err = {name: float((o - ref).abs().mean() / ref.abs().mean()) for name, o in outs.items()}
     assert abs(err["split"] - err["today"]) <= 0.05 * err["today"], err
     assert err["split14"] < err["hybrid"] / 20, err
+
+
+def test_q_rounded_once_costs_what_rounding_q_costs():
+    """`rounded` (`fp8_qk_rounded`): against the dequantized cache its error is Q's rounding,
+    of `hybrid`'s order (within 4x either way) and far above the split's; against the bf16
+    cache this probe's synthetic K (outlier channels under one per-tensor scale) makes the
+    cache's own rounding dominate, and it stays within 25 % of FA3-FP8's (the GPU measured
+    0.875x on fp8_ab.py's cases, docs/perf-notes.md session 33)."""
+    fp8, (k16, v16) = probe.operands(2, 16, 2048, 128, 1.0, 8.0)
+    scale = 128**-0.5
+    outs = probe.variants(*fp8, scale)
+    ref = outs.pop("reference")
+    err = {name: float((o - ref).abs().mean() / ref.abs().mean()) for name, o in outs.items()}
+    assert err["split"] * 20 < err["rounded"], err
+    assert err["hybrid"] / 4 < err["rounded"] < 4 * err["hybrid"], err
+    bf16 = probe.attend(scale * (fp8[0] @ k16.T), v16, 1.0, lambda p: p)
+    cache = {n: float((outs[n] - bf16).abs().mean()) for n in ("rounded", "fa3fp8")}
+    assert cache["rounded"] < 1.25 * cache["fa3fp8"], cache
