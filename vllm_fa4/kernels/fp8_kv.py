@@ -14,8 +14,8 @@ every e4m3 value is a normal f16 or zero). NaN stays NaN (the mask's -inf and th
 zeros deal with it).
 The scales are not applied here: k_scale is in the softmax scale, v_scale in the epilogue.
 
-With `fp8_qk` (config.Fp8Qk.SPLIT_Q) K is not converted: the consumers' S = Q K^T runs as
-e4m3 x e4m3 wgmma on the staged K, with Q split once a tile into two e4m3 parts (split_pair
+With `fp8_qk` (SPLIT_Q; ROUNDED_Q reads the hi part alone) K is not converted: S = Q K^T runs
+as e4m3 x e4m3 wgmma on the staged K, with Q split once a tile into two e4m3 parts (split_pair
 below), and the converter warps convert V alone.
 """
 

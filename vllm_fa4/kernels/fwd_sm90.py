@@ -281,10 +281,10 @@ class Sm90PagedPrefill:
         self.mma_dtype = self.dtype
         if key.fp8_kv and self.dtype is cutlass.BFloat16:
             self.mma_dtype = cutlass.Float16
-        # `fp8_qk`: S = Q K^T on FP8 wgmma from the staged e4m3 K; Q split into two e4m3
-        # halves once a tile (split_q), K never converted.
+        # `fp8_qk` / `fp8_qk_rounded`: S = Q K^T on FP8 wgmma from the staged e4m3 K; Q split
+        # into two e4m3 halves once a tile (split_q), K never converted.
         self.fp8_qk = key.fp8_kv and cfg.fp8_qk is not Fp8Qk.CONVERTED_K
-        # Q's e4m3 parts the Q K^T reads: hi and lo (`fp8_qk`), or hi alone (`fp8_qk_rounded`)
+        # Q's e4m3 parts read: hi and lo (`fp8_qk`) or hi alone (rounded: lo computed, not kept)
         self.q_parts = 2 if cfg.fp8_qk is Fp8Qk.SPLIT_Q else 1
         self.qk_dtype = self.cache_dtype if self.fp8_qk else self.mma_dtype
         self.q_converts = self.mma_dtype is not self.dtype and not self.fp8_qk
