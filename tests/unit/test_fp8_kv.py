@@ -278,5 +278,10 @@ def test_q_as_read_by_rounds_only_where_fp8_qk_rounded_builds():
     assert not torch.equal(q_rounded_to_e4m3(q), q)
     assert q_as_read_by(rounded, case(kv_dtype=None), q) is q
     assert q_as_read_by(rounded, case(head_dim=64), q) is q
+    q256 = torch.randn(5, 4, 256).to(torch.bfloat16)  # at 256 Q's ring (q_tma) does not fit
+    assert q_as_read_by(rounded, case(head_dim=256), q256) is q256
+    rounded_256 = KernelConfig.parse("queue+overlap+lazy_max+fp8_qk_rounded")
+    assert torch.equal(q_as_read_by(rounded_256, case(256), q256), q_rounded_to_e4m3(q256))
+    assert q_as_read_by(split, case(head_dim=256), q256) is q256
     for config in (None, split):
         assert q_as_read_by(config, NoKey(), q) is q

@@ -533,12 +533,13 @@ class KernelConfig:
         return None
 
     def _split_q_unsupported_reason(self, key: KernelKey) -> str | None:
-        """What `fp8_qk` (and `fp8_qk_rounded`) is not built for (head dim 128 only)."""
+        """What `fp8_qk` (head dim 128) and `fp8_qk_rounded` (128 and 256) are not built for."""
         name = f"'{self.fp8_qk.value}'"
         if not key.fp8_kv:
             return f"{name} without an fp8 KV cache"
-        if key.head_dim != 128:
-            return f"{name} at head dim {key.head_dim} (built for head dim 128)"
+        built = (128, 256) if self.fp8_qk is Fp8Qk.ROUNDED_Q else (128,)  # Q's parts must fit
+        if key.head_dim not in built:
+            return f"{name} at head dim {key.head_dim} (built for head dim {built})"
         if key.softcap:
             # the cap needs S itself before the mask; the row scale rides in scale_log2
             return f"{name} with a soft cap"
@@ -561,7 +562,8 @@ class KernelConfig:
         kv_tile = geo.tile_n * key.head_dim  # elements of one K or V tile
         q_bytes = 2 * self.q_stages * geo.tile_m * key.head_dim
         if self.fp8_qk is not Fp8Qk.CONVERTED_K and key.fp8_kv:
-            split_q = 2 * geo.tile_m * key.head_dim + 4 * geo.tile_m
+            q_parts = 2 if self.fp8_qk is Fp8Qk.SPLIT_Q else 1
+            split_q = q_parts * geo.tile_m * key.head_dim + 4 * geo.tile_m
             return q_bytes + split_q + kv_tile * (KV_STAGES + 2 * KV_STAGES + staging_stages)
         return q_bytes + 2 * 2 * kv_tile * KV_STAGES + 2 * kv_tile * staging_stages
 

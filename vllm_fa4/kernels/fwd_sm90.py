@@ -488,9 +488,9 @@ class Sm90PagedPrefill:
             staging_layout = self._smem_layout(
                 self.tile_n, self.head_dim, self.staging_stages, kv=True, dtype=self.cache_dtype
             )
-        sQ8_layout = None  # `fp8_qk`: Q's e4m3 halves (tile_m, D, 2: hi, lo)
+        sQ8_layout, q8 = None, self.cache_dtype  # Q's e4m3 parts (tile_m, D, q_parts: hi, lo)
         if cutlass.const_expr(self.fp8_qk):
-            sQ8_layout = self._smem_layout(self.tile_m, self.head_dim, 2, dtype=self.cache_dtype)
+            sQ8_layout = self._smem_layout(self.tile_m, self.head_dim, self.q_parts, dtype=q8)
         self.storage_cls = self._storage_cls(
             sQ_layout, sK_layout, sV_layout, staging_layout, sQ8_layout
         )
@@ -1367,7 +1367,7 @@ class Sm90PagedPrefill:
         thr_copy8 = self.q_rows_copy(atom8, tidx)
         halves_dst = [
             thr_copy8.partition_D(cute.local_tile(sQ8[None, None, h], (64, self.head_dim), (wg, 0)))
-            for h in range(2)
+            for h in range(self.q_parts)
         ]
         lanes_per_row = self.head_dim // 8
         for m in cutlass.range_constexpr(cute.size(src, mode=[1])):
