@@ -10,7 +10,7 @@ compute-sanitizer (memcheck, racecheck, synccheck) to watch.
     compute-sanitizer --tool memcheck python tools/sanitize_served.py --only 'hd256 p16 .*w'
     VLLM_FA4_VARIANT=SPEC compute-sanitizer ... tools/sanitize_served.py   # one config instead
 
-The set is ``serving_configs(key).all`` over keys that make different code: head dims 64 /
+The set is ``policy.launchable_configs(key)`` over keys that make different code: head dims 64 /
 128 / 256, pages 16 and 128, both dtypes at head dim 128, the model features (window, soft
 cap, sinks: gpt-oss's and Gemma 2's keys), the same families on an FP8 (e4m3) KV cache
 (policy.FP8_TABLE's rows: its converter warps, staging ring and scales), plus each config
@@ -43,7 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from vllm_fa4.kernels.config import FP8_E4M3, KernelConfig, KernelKey  # noqa: E402
-from vllm_fa4.paged_prefill.policy import configured_config, serving_configs  # noqa: E402
+from vllm_fa4.paged_prefill.policy import (  # noqa: E402
+    configured_config,
+    launchable_configs,
+    serving_configs,
+)
 
 
 class Shape(NamedTuple):
@@ -200,7 +204,8 @@ def served(shape: Shape) -> list[tuple[KernelConfig, bool]]:
     from vllm_fa4.paged_prefill.layout import fit_config
 
     key, layout = shape.key, padded_layout(shape)
-    picks = serving_configs(key, configured_config()).all
+    fixed = configured_config()  # unset: VLLM_FA4_FP8_QUERY=e4m3's picks too
+    picks = serving_configs(key, fixed).all if fixed else launchable_configs(key)
     picks = tuple(c for c in picks if c.unsupported_reason(key) is None)
     configs = {(c, False) for c in picks}
     configs |= {(fit_config(c, key, layout), True) for c in picks}

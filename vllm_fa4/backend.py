@@ -38,7 +38,12 @@ from vllm_fa4.kernels.config import (
 )
 from vllm_fa4.metadata import FA4Metadata, FA4MetadataBuilder
 from vllm_fa4.paged_prefill import run_prefill, split_kv_cache
-from vllm_fa4.paged_prefill.policy import configured_config, serving_configs
+from vllm_fa4.paged_prefill.policy import (
+    Fp8Query,
+    configured_config,
+    configured_fp8_query,
+    serving_configs,
+)
 
 logger = logging.getLogger("vllm_fa4")
 _USE_INSTEAD = "use --attention-backend FLASH_ATTN for this model"
@@ -54,7 +59,19 @@ FP8_PREFILL_SPEED_WARNING = (
     "yet fast at head dim 128: measured 0.97x the speed of FLASH_ATTN's FP8 prefill on long "
     "batches there (served 32k and 64k prompts 1.01x) and 1.39x at head dim 256 (H100, "
     "docs/results/2026-11-27/fp8qk-adopted-ab-h100-cc1a78b.log); decode runs FLASH_ATTN's "
-    "own FP8 path. For FP8 prefill speed at head dim 128 use --attention-backend FLASH_ATTN"
+    f"own FP8 path. For FP8 prefill speed set {envs.FP8_QUERY}=e4m3 (Q rounded to e4m3 for "
+    "Q K^T on long batches: 1.12x FLASH_ATTN's FP8 prefill at head dim 128, served 1.07-1.10x "
+    "on an H200, with Q K^T as coarse as FLASH_ATTN-FP8's) or use --attention-backend FLASH_ATTN"
+)
+# VLLM_FA4_FP8_QUERY=e4m3 (opt-in): what the user traded, said once at startup.
+FP8_E4M3_QUERY_WARNING = (
+    f"FA4: {envs.FP8_QUERY}=e4m3: long prefill batches of bf16 models at head dims 128 and 256 "
+    "(no soft cap) read the FP8 cache with Q rounded to e4m3 for Q K^T (one FP8 GEMM; P V, "
+    "softmax and accumulation as before): measured 1.12x FLASH_ATTN's FP8 prefill at head dim "
+    "128 and 1.6-2.0x at 256, served 32k / 64k prompts 1.07x / 1.10x with it on every batch "
+    "(H200, docs/perf-notes.md, "
+    "session 34), with a mean error 0.88x FLASH_ATTN-FP8's against 16-bit values, not 16-bit "
+    f"attention's. Unset {envs.FP8_QUERY} for 16-bit Q on the FP8 cache"
 )
 _fp8_warned = False
 
@@ -63,7 +80,8 @@ def _warn_fp8_prefill_speed_once() -> None:
     global _fp8_warned
     if not _fp8_warned:
         _fp8_warned = True
-        logger.warning(FP8_PREFILL_SPEED_WARNING)
+        e4m3 = configured_fp8_query() is Fp8Query.E4M3
+        logger.warning(FP8_E4M3_QUERY_WARNING if e4m3 else FP8_PREFILL_SPEED_WARNING)
 
 
 def _reason(what: str, supported: str | None = None) -> str:
@@ -226,11 +244,16 @@ def _environment_reasons(
         config = configured_config()
     except ValueError as e:
         reasons.append(f"FA4: {e}")
+    fp8_query = Fp8Query.EXACT
+    try:
+        fp8_query = configured_fp8_query()
+    except ValueError as e:
+        reasons.append(f"FA4: {e}")
     kv_dtype = kv_dtypes.key_kv_dtype(cache_dtype)
     key = KernelKey.for_layer(dtype, head_size, block_size or 16, 1, 1, kv_dtype=kv_dtype)
     if reasons or route == "reference" or key.unsupported_reason() is not None:
         return reasons  # no kernel wanted, or the key is refused by vLLM's generic checks
-    for candidate in serving_configs(key, config).all:
+    for candidate in serving_configs(key, config, fp8_query).all:
         why = candidate.unsupported_reason(key)
         if why is not None:
             named = f"{envs.VARIANT}={config.spec}" if config else f"kernel config {candidate.spec}"

@@ -4,6 +4,8 @@ VLLM_FA4_VARIANT        kernel config spec (``KernelConfig.parse``), read by the
                         builder at startup; unset or ``default``: each key's
                         ``policy.serving_configs``
 VLLM_FA4_PREFILL_ROUTE  ``auto`` / ``kernel`` / ``reference`` (``paged_prefill.route``)
+VLLM_FA4_FP8_QUERY      ``exact`` (default) / ``e4m3``: how an FP8 cache's long prefill
+                        batches read Q for Q K^T (``policy.Fp8Query``)
 VLLM_FA4_CACHE_DIR      compiled-kernel disk cache (``kernels.cache``; default
                         ``~/.cache/vllm_fa4/kernels``); must be a directory only this user
                         (or root) can write, else kernels are compiled in memory
@@ -42,6 +44,8 @@ FUZZ_SEED = "VLLM_FA4_FUZZ_SEED"
 FUZZ_REPLAY = "VLLM_FA4_FUZZ_REPLAY"
 DEFAULT_FUZZ_COUNT = 300
 PREFILL_ROUTES = ("auto", "kernel", "reference")
+FP8_QUERY = "VLLM_FA4_FP8_QUERY"
+FP8_QUERIES = ("exact", "e4m3")
 # The way out every refusal of a setting names (the user may not want to debug ours).
 WAY_OUT = "or serve with --attention-backend FLASH_ATTN"
 SERVING_DEFAULTS = "default"  # VLLM_FA4_VARIANT spelling of "unset": the per-batch defaults
@@ -62,6 +66,16 @@ def prefill_route() -> str:
             f"Fix or unset {PREFILL_ROUTE}, {WAY_OUT}"
         )
     return route
+
+
+def fp8_query() -> str:
+    value = os.environ.get(FP8_QUERY, "").strip().lower() or FP8_QUERIES[0]
+    if value not in FP8_QUERIES:
+        raise ValueError(
+            f"{FP8_QUERY}={value!r}: expected one of {', '.join(FP8_QUERIES)}. "
+            f"Fix or unset {FP8_QUERY}, {WAY_OUT}"
+        )
+    return value
 
 
 def kernel_cache_dir() -> Path:

@@ -31,6 +31,7 @@ from vllm_fa4.paged_prefill import PrefillPlan, plan_prefill, select_route
 from vllm_fa4.paged_prefill.layout import KvCacheLayout, fit_serving_configs
 from vllm_fa4.paged_prefill.policy import (
     configured_config,
+    configured_fp8_query,
     serving_configs,
     unreviewed_config_warning,
 )
@@ -89,9 +90,12 @@ class FA4MetadataBuilder(AttentionMetadataBuilder[FA4Metadata]):
         # VLLM_FA4_VARIANT fixes one config; unset, the plan picks per batch among the
         # measured defaults (short batches: persistent grid). All are compiled at startup,
         # fitted to the cache layout the spec announces (padded pages of hybrid models).
+        # VLLM_FA4_FP8_QUERY=e4m3 swaps an FP8 cache's long picks for Q rounded to e4m3.
         fixed = configured_config()
         self.kernel_configs = _fit_to_spec_layout(
-            serving_configs(self.kernel_key, fixed), self.kernel_key, kv_cache_spec
+            serving_configs(self.kernel_key, fixed, configured_fp8_query()),
+            self.kernel_key,
+            kv_cache_spec,
         )
         if (warning := unreviewed_config_warning(self.kernel_key, fixed)) is not None:
             logger.warning(warning)

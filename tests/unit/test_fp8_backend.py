@@ -49,7 +49,7 @@ QUANTIZED_NAMES = ["fp8_e5m2", "fp8_inc", "fp8_per_token_head", "int8_per_token_
 
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch, vllm_config):
-    for name in (envs.VARIANT, envs.PREFILL_ROUTE):
+    for name in (envs.VARIANT, envs.PREFILL_ROUTE, envs.FP8_QUERY):
         monkeypatch.delenv(name, raising=False)
     route_mod.clear_route_cache()
     # vLLM 0.33's FlashAttentionImpl asks FA3 (a GPU probe) whether it takes an fp8 cache
@@ -356,3 +356,45 @@ def test_fp8_serving_says_once_that_its_prefill_is_slower(kernel_reads_fp8, monk
         FA4AttentionImpl(**IMPL_ARGS)
     said = [r.getMessage() for r in caplog.records if "FP8 prefill" in r.getMessage()]
     assert len(said) == 1 and "FLASH_ATTN" in said[0] and "0.97x" in said[0]
+    assert f"{envs.FP8_QUERY}=e4m3" in said[0]  # the faster opt-in, named with its price
+
+
+def test_fp8_e4m3_query_says_once_what_it_trades(kernel_reads_fp8, monkeypatch, caplog):
+    """VLLM_FA4_FP8_QUERY=e4m3: the startup warning names the rounding of Q and its error
+    instead of the speed gap, once per process."""
+    import vllm_fa4.backend as backend_mod
+
+    monkeypatch.setattr(backend_mod, "_fp8_warned", False)
+    monkeypatch.setenv(envs.FP8_QUERY, "e4m3")
+    with caplog.at_level("WARNING", logger="vllm_fa4"):
+        FA4AttentionImpl(**IMPL_ARGS)
+        FA4AttentionImpl(**IMPL_ARGS)
+    said = [r.getMessage() for r in caplog.records if envs.FP8_QUERY in r.getMessage()]
+    assert len(said) == 1 and "rounded to e4m3" in said[0] and "0.88x" in said[0]
+    assert "0.97x" not in said[0]
+
+
+@pytest.mark.parametrize("value", ["fast", "fp8", "E4M3x"])
+def test_misspelt_fp8_query_is_refused_at_backend_selection(kernel_reads_fp8, monkeypatch, value):
+    monkeypatch.setenv(envs.FP8_QUERY, value)
+    (reason,) = reasons()
+    assert f"{envs.FP8_QUERY}={value.lower()!r}" in reason
+    assert "exact, e4m3" in reason and "--attention-backend FLASH_ATTN" in reason
+
+
+@pytest.mark.parametrize("value", ["e4m3", " E4M3 "])
+def test_builder_on_gpu_compiles_the_e4m3_query_pick_at_startup(
+    vllm_config, monkeypatch, fake_hopper, kernel_reads_fp8, value
+):
+    """VLLM_FA4_FP8_QUERY=e4m3 reaches the builder: its long pick rounds Q (fp8_qk_rounded),
+    the short one is unchanged, and warmup compiles both; unset, the split (fp8_qk)."""
+    from vllm_fa4.kernels.config import Fp8Qk
+
+    exact = _builder(vllm_config, monkeypatch, device="cuda:0").kernel_configs
+    assert exact.long.fp8_qk is Fp8Qk.SPLIT_Q
+    fake_hopper.clear()
+    monkeypatch.setenv(envs.FP8_QUERY, value)
+    assert reasons() == []
+    rounded = _builder(vllm_config, monkeypatch, device="cuda:0").kernel_configs
+    assert rounded.long.fp8_qk is Fp8Qk.ROUNDED_Q and rounded.short == exact.short
+    assert {config for _, config in fake_hopper} == set(rounded.all)

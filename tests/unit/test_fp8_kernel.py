@@ -104,6 +104,39 @@ def test_fp8_qk_serves_long_bf16_batches_at_head_dim_128(page):
         assert all(c.unsupported_reason(key) is None for c in configs.all), key
 
 
+def test_e4m3_query_rounds_q_on_long_bf16_batches_only():
+    """policy.FP8_E4M3_Q_LONG (VLLM_FA4_FP8_QUERY=e4m3): long batches of bf16 models at head
+    dims 128 and 256 without cap or window round Q (every GQA group builds it); short
+    batches, fp16 models, the cap, the window, head dim 64 and 16-bit caches keep the exact
+    picks."""
+    from vllm_fa4.kernels.config import Fp8Qk
+    from vllm_fa4.paged_prefill.policy import Fp8Query
+
+    def both(key):
+        return serving_configs(key), serving_configs(key, fp8_query=Fp8Query.E4M3)
+
+    for hd in (128, 256):
+        for page in (16, 32, 128):
+            for group in (1, 2, 3, 4, 7, 8):
+                key = KernelKey("bfloat16", hd, page, group, kv_dtype=FP8_E4M3)
+                exact, rounded = both(key)
+                assert rounded.long.fp8_qk is Fp8Qk.ROUNDED_Q, key
+                assert rounded.long.unsupported_reason(key) is None, key
+                assert rounded.short == exact.short and exact.long.fp8_qk is not Fp8Qk.ROUNDED_Q
+    for key in (
+        KernelKey("float16", 128, 16, 4, kv_dtype=FP8_E4M3),
+        fp8_key(128, softcap=True),
+        fp8_key(256, page=128, softcap=True),
+        fp8_key(128, sliding_window=True),
+        fp8_key(256, sliding_window=True),
+        fp8_key(64),
+        KernelKey("bfloat16", 128, 16, 4),
+        KernelKey("bfloat16", 256, 128, 2),
+    ):
+        exact, rounded = both(key)
+        assert rounded == exact, key
+
+
 def test_fp8_registers_fit_and_16bit_splits_are_unchanged():
     for spec in ("queue+overlap", "queue+overlap+mma_wgs=3", "pages_ahead"):
         config = KernelConfig.parse(spec)

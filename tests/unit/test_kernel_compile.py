@@ -1,10 +1,10 @@
 """Compile-only tests for the SM90 prefill kernel (CPU, no GPU needed).
 
 The default run (scripts/test.sh) compiles one kernel per config family serving can launch
-(``test_compile_served_config_family``: 39 with the FP8 families and the odd GQA groups'
+(``test_compile_served_config_family``: 41 with the FP8 families and the odd GQA groups'
 fallbacks). The full matrix, marker ``compile_matrix`` (deselected by default; .ci/run runs
 it), compiles every key with every config serving can launch for it and the model-feature
-keys: ``pytest -m compile_matrix``, 75 tests (about 1.5 minutes on 2 idle cores of the
+keys: ``pytest -m compile_matrix``, 79 tests (about 1.5 minutes on 2 idle cores of the
 2026-11-29 machine; CI machines have been 2.6 times slower). The configs serving never
 launches, marker ``compile_variants`` (38 kernels, deselected by default and by .ci/run: GPU
 tests sweep them), compile with ``pytest -m compile_variants`` after a change to the kernel's
@@ -39,7 +39,7 @@ from vllm_fa4.kernels.config import (  # noqa: E402
     TileProbe,
     Tiles,
 )
-from vllm_fa4.paged_prefill.policy import serving_configs  # noqa: E402
+from vllm_fa4.paged_prefill.policy import launchable_configs, serving_configs  # noqa: E402
 from vllm_fa4.testing.variants import ALL_CONFIGS, parse_configs  # noqa: E402
 
 DEBUG_BASELINE = KernelConfig.parse("one_per_cta+serial")  # the one serial loop kept
@@ -116,7 +116,7 @@ def served_config_families() -> list[tuple[KernelKey, KernelConfig]]:
     )
     families: dict[tuple, KernelKey] = {}
     for key in plainest_first:
-        for config in serving_configs(key).all:
+        for config in launchable_configs(key):
             families.setdefault((config, key.kv_dtype, config.staging_stages(key)), key)
     return [(key, config) for (config, _, _), key in families.items()]
 
@@ -144,7 +144,7 @@ FP8_KEYS = sorted(
 )
 
 # The matrix: every key above with every config serving can launch for it.
-SERVED_CASES = [(key, config) for key in (*KEYS, *FP8_KEYS) for config in serving_configs(key).all]
+SERVED_CASES = [(key, config) for key in (*KEYS, *FP8_KEYS) for config in launchable_configs(key)]
 
 
 def test_default_run_compiles_one_kernel_per_served_family():

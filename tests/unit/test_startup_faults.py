@@ -30,7 +30,7 @@ SELECT = dict(head_size=128, dtype=torch.bfloat16, kv_cache_dtype="auto", block_
 
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch, vllm_config):
-    for name in (envs.VARIANT, envs.PREFILL_ROUTE):
+    for name in (envs.VARIANT, envs.PREFILL_ROUTE, envs.FP8_QUERY):
         monkeypatch.delenv(name, raising=False)
     route_mod.clear_route_cache()
     yield

@@ -7,11 +7,13 @@ page size and soft cap. The comment above each group of rows names the
 measurement that decided it (docs/perf-notes.md, H100 and H200, one process each). A key
 the kernel cannot build gets the default config (its route is the reference or a startup
 refusal; the plan still tiles it). ``VLLM_FA4_VARIANT`` fixes one config for every batch
-instead (``configured_config``).
+instead (``configured_config``); ``VLLM_FA4_FP8_QUERY=e4m3`` trades an FP8 cache's 16-bit Q
+for speed on long batches (``Fp8Query``).
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, replace
 
 from vllm_fa4 import envs
@@ -236,6 +238,37 @@ FP8_BF16_LONG: dict[tuple[int, bool, bool], str] = {
     (128, False, True): "queue_with_work+pv_wait_mid+q_tma+lazy_max+fp8_qk",
 }
 
+
+class Fp8Query(enum.Enum):
+    """How an FP8 cache's long prefill batches read Q for Q K^T (``VLLM_FA4_FP8_QUERY``)."""
+
+    # 16-bit Q: K converted to fp16, or Q split exactly into two e4m3 parts (`fp8_qk`); the
+    # error of 16-bit attention on the FP8 cache (issue 30's promise)
+    EXACT = "exact"
+    # Q rounded once to e4m3 under a power-of-two row scale (`fp8_qk_rounded`: one FP8 GEMM,
+    # no K conversion); P V stays 16-bit. Opt-in: Q K^T is as coarse as FLASH_ATTN-FP8's
+    E4M3 = "e4m3"
+
+
+# VLLM_FA4_FP8_QUERY=e4m3: long batches of bfloat16 models without a soft cap, over the rows
+# above (H200, `benchmarks/fp8_ab.py`, 4kx4, 8kx2, 16kx1, 2k after 64k). Head dim 128
+# (Llama-3.1-8B heads, pages 16 and 128): 1.114x FA3-FP8 geomean in two runs (session 33,
+# lowest case 1.098) and 1.120x with Q's e4m3 buffer of one part (session 34, lowest 1.105),
+# the exact pick 0.967; served 8B with it forced on every batch 1.074x FLASH_ATTN at 32k x 24,
+# 1.098 / 1.101x at 64k x 10. Head dim 256 (Gemma-2-9B heads, no cap, session 34, two runs):
+# page 16's row with it 1.616 / 1.622x (lowest 1.500; the exact pick 1.270 / 1.261), the
+# same config at page 128 1.977 / 1.985x (page 128's row with it, one tile per CTA and O by
+# TMA, 1.961 / 1.944x; the exact pick 1.514 / 1.510). Error against the 16-bit values
+# (`fp8_ab.py --accuracy`): 0.875x FA3-FP8's at both head dims (exact: 0.71x). Head dim 128's
+# windowed rows keep their picks (not measured with it); fp16 models and the cap don't build it.
+_E4M3_Q_256 = "queue+overlap+lazy_max+fp8_qk_rounded"
+FP8_E4M3_Q_LONG: dict[tuple[int, bool, bool], str] = {
+    (128, False, False): "queue_with_work+pv_wait_mid+q_tma+lazy_max+fp8_qk_rounded",
+    (128, False, True): "queue_with_work+pv_wait_mid+q_tma+lazy_max+fp8_qk_rounded",
+    (256, False, False): _E4M3_Q_256,
+    (256, False, True): _E4M3_Q_256,
+}
+
 # Long-batch picks for one page size and soft cap, over the table's row (16-bit caches only).
 # (head dim, sliding window, page size, soft cap) -> long batches' config.
 # Head dim 256 with a soft cap (Gemma 2's global layers) at page 16: 80-key blocks, five pages
@@ -347,11 +380,15 @@ _PARSED = {row: tuple(map(KernelConfig.parse, specs)) for row, specs in TABLE.it
 _PARSED_FP8 = {row: tuple(map(KernelConfig.parse, specs)) for row, specs in FP8_TABLE.items()}
 _PARSED_BY_PAGE = {row: KernelConfig.parse(spec) for row, spec in LONG_BY_PAGE.items()}
 _PARSED_FP8_BF16_LONG = {row: KernelConfig.parse(spec) for row, spec in FP8_BF16_LONG.items()}
+_PARSED_FP8_E4M3_Q_LONG = {row: KernelConfig.parse(s) for row, s in FP8_E4M3_Q_LONG.items()}
 
 
-def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> ServingConfigs:
+def serving_configs(
+    key: KernelKey, fixed: KernelConfig | None = None, fp8_query: Fp8Query = Fp8Query.EXACT
+) -> ServingConfigs:
     """What serving runs for ``key``: ``fixed`` (VLLM_FA4_VARIANT) for every batch, else the
-    table's row of the key."""
+    table's row of the key (on an FP8 cache with ``fp8_query`` E4M3, long batches with Q
+    rounded to e4m3 where FP8_E4M3_Q_LONG has the row and the kernel builds the key)."""
     if fixed is not None:
         return ServingConfigs(long=fixed, short=fixed)
     row = (key.head_dim, key.sliding_window, key.page_size >= LONG_BATCH_MIN_PAGE)
@@ -359,11 +396,21 @@ def serving_configs(key: KernelKey, fixed: KernelConfig | None = None) -> Servin
     long, short = table.get(row, (DEFAULT_CONFIG, DEFAULT_CONFIG))
     if key.fp8_kv and key.dtype == "bfloat16" and not key.softcap:
         long = _PARSED_FP8_BF16_LONG.get(row, long)
+        rounded = _PARSED_FP8_E4M3_Q_LONG.get(row) if fp8_query is Fp8Query.E4M3 else None
+        if rounded is not None and _fit_group(rounded, key).unsupported_reason(key) is None:
+            long = rounded
     if not key.fp8_kv:
         by_page = (key.head_dim, key.sliding_window, key.page_size, key.softcap)
         long = _PARSED_BY_PAGE.get(by_page, long)
         long = _multicast_long(long, key)
     return ServingConfigs(long=_fit_group(long, key), short=_fit_group(short, key))
+
+
+def launchable_configs(key: KernelKey) -> tuple[KernelConfig, ...]:
+    """Every config serving may launch for ``key`` without VLLM_FA4_VARIANT, under either
+    VLLM_FA4_FP8_QUERY (what the compile checks, the sanitizers and the sweeps cover)."""
+    picks = (c for query in Fp8Query for c in serving_configs(key, fp8_query=query).all)
+    return tuple(dict.fromkeys(picks))
 
 
 # The TMA-store picks that staged O in shared memory before (head dim 128's short picks until
@@ -391,7 +438,7 @@ def unreviewed_config_warning(key: KernelKey, fixed: KernelConfig | None) -> str
     compute-sanitizer cover the table's picks only (docs/reliability.md). None otherwise."""
     if fixed is None:
         return None
-    picks = serving_configs(key).all
+    picks = launchable_configs(key)
     if fixed in picks:
         return None
     return (
@@ -400,6 +447,11 @@ def unreviewed_config_warning(key: KernelKey, fixed: KernelConfig | None) -> str
         f"suite and compute-sanitizer have not covered it. For experiments; unset "
         f"{envs.VARIANT} in production."
     )
+
+
+def configured_fp8_query() -> Fp8Query:
+    """``VLLM_FA4_FP8_QUERY`` (unset: EXACT); a misspelling is a startup error naming it."""
+    return Fp8Query(envs.fp8_query())
 
 
 def configured_config() -> KernelConfig | None:

@@ -17,7 +17,7 @@ from vllm_fa4.paged_prefill.policy import (
     LONG_BATCH_MIN_PAGE,
     LONG_BY_PAGE,
     configured_config,
-    serving_configs,
+    launchable_configs,
 )
 
 ALL_CONFIGS = tuple(
@@ -131,11 +131,12 @@ def representative_keys() -> tuple[KernelKey, ...]:
 
 
 def served_configs() -> tuple[tuple[KernelKey, KernelConfig], ...]:
-    """(key, config) for every config ``serving_configs`` picks for the representative keys,
-    once per head dim and cache dtype (the tile shapes, and an FP8 cache's converter warps,
-    differ), with the first key that picks it."""
+    """(key, config) for every config serving may launch for the representative keys
+    (``launchable_configs``: VLLM_FA4_FP8_QUERY=e4m3's picks too), once per head
+    dim and cache dtype (the tile shapes, and an FP8 cache's converter warps, differ), with the
+    first key that picks it."""
     seen: dict[tuple[KernelConfig, int, str | None], KernelKey] = {}
     for key in representative_keys():
-        for config in serving_configs(key).all:
+        for config in launchable_configs(key):
             seen.setdefault((config, key.head_dim, key.kv_dtype), key)
     return tuple((key, config) for (config, _, _), key in seen.items())
