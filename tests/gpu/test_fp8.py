@@ -263,3 +263,54 @@ def test_backend_with_fp8_cache(fp8_vllm_config, monkeypatch, seed, route):
         ours = (out_fa4[rows][finite].float() - ref[rows][finite]).abs().max()
         theirs = (out_fa3[rows][finite].float() - ref[rows][finite]).abs().max()
         assert ours <= theirs, (float(ours), float(theirs))
+
+
+@pytest.mark.parametrize("head_dim,hq,hkv", [(128, 32, 8), (256, 16, 8)])
+def test_backend_e4m3_query_serves_q_rounded_on_long_batches(
+    fp8_vllm_config, monkeypatch, head_dim, hq, hkv
+):
+    """``VLLM_FA4_FP8_QUERY=e4m3`` end to end (environment, builder, plan, kernel): a long
+    prefill batch runs the rounded-Q pick (`fp8_qk_rounded`); its rows meet the error rule
+    against the reference that reads Q as the kernel rounds it, and its mean error against
+    the 16-bit reference is no larger than FLASH_ATTN-FP8's (its measured price: 0.875x,
+    docs/perf-notes.md session 34)."""
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+
+    from vllm_fa4 import envs
+    from vllm_fa4.backend import FA4AttentionBackend
+    from vllm_fa4.kernels.config import Fp8Qk
+    from vllm_fa4.paged_prefill import route as route_mod
+    from vllm_fa4.testing.cases import make_paged_case, q_rounded_to_e4m3
+    from vllm_fa4.testing.checks import assert_attention_close
+
+    page = 16
+    _skip_unless_the_kernel_reads(
+        KernelKey.for_layer(torch.bfloat16, head_dim, page, hq, hkv, kv_dtype=FP8)
+    )
+    monkeypatch.setenv(envs.FP8_QUERY, "e4m3")
+    route_mod.clear_route_cache()
+    config = fp8_vllm_config(hq, hkv, head_dim, page)
+    specs = [(2048, 2048 + 4096), (1000, 1000 + 3000)]  # long: ~40 key blocks a tile
+    case = make_paged_case(
+        specs, hq, hkv, head_dim, page, torch.bfloat16, "cuda", seed=7, fp8_kv=True
+    )
+    cm = common_metadata(case)
+    q = case.q.contiguous()
+    cache = case.kv_cache.view(torch.uint8).permute(0, 2, 1, 3)  # vLLM's logical view
+
+    fa4 = _Backend(FA4AttentionBackend, config, case)
+    assert fa4.builder.kernel_configs.long.fp8_qk is Fp8Qk.ROUNDED_Q
+    out_fa4, md = fa4.forward(cm, q, cache)
+    assert md.prefill.route == "kernel" and md.prefill.config.fp8_qk is Fp8Qk.ROUNDED_Q
+    flash = _Backend(FlashAttentionBackend, config, case, layer_name="layer.1")
+    out_fa3, _ = flash.forward(cm, q, cache)
+
+    rounded = q_rounded_to_e4m3(case.q)
+    ref_rounded, _ = case.reference(q=rounded)
+    lowp_rounded, _ = case.reference(q=rounded, compute_dtype=torch.bfloat16)
+    assert_attention_close(out_fa4, ref_rounded, lowp_rounded, cu_seqlens_q=case.cu_seqlens_q)
+    ref, _ = case.reference()
+    finite = torch.isfinite(out_fa3.float()).all(dim=-1)  # flash-attention #2374, as above
+    ours = (out_fa4[finite].float() - ref[finite]).abs().mean()
+    theirs = (out_fa3[finite].float() - ref[finite]).abs().mean()
+    assert ours <= theirs, (float(ours), float(theirs))
