@@ -539,7 +539,8 @@ class KernelConfig:
             return f"{name} without an fp8 KV cache"
         built = (128, 256) if self.fp8_qk is Fp8Qk.ROUNDED_Q else (128,)  # Q's parts must fit
         if key.head_dim not in built:
-            return f"{name} at head dim {key.head_dim} (built for head dim {built})"
+            dims = " and ".join(map(str, built))
+            return f"{name} at head dim {key.head_dim} (built for head dim {dims})"
         if key.softcap:
             # the cap needs S itself before the mask; the row scale rides in scale_log2
             return f"{name} with a soft cap"
