@@ -562,9 +562,8 @@ class KernelConfig:
         geo = self.geometry(key)
         kv_tile = geo.tile_n * key.head_dim  # elements of one K or V tile
         q_bytes = 2 * self.q_stages * geo.tile_m * key.head_dim
-        if self.fp8_qk is not Fp8Qk.CONVERTED_K and key.fp8_kv:
-            q_parts = 2 if self.fp8_qk is Fp8Qk.SPLIT_Q else 1
-            split_q = q_parts * geo.tile_m * key.head_dim + 4 * geo.tile_m
+        if self.q_e4m3_parts and key.fp8_kv:
+            split_q = self.q_e4m3_parts * geo.tile_m * key.head_dim + 4 * geo.tile_m
             return q_bytes + split_q + kv_tile * (KV_STAGES + 2 * KV_STAGES + staging_stages)
         return q_bytes + 2 * 2 * kv_tile * KV_STAGES + 2 * kv_tile * staging_stages
 
@@ -594,6 +593,12 @@ class KernelConfig:
     def q_stages(self) -> int:
         """Q buffers in shared memory: 2 with `q_tma` (the ring), else 1."""
         return 2 if self.q_load is QLoad.TMA else 1
+
+    @property
+    def q_e4m3_parts(self) -> int:
+        """Q's e4m3 parts in shared memory on an FP8 cache's Q K^T: hi and lo (`fp8_qk`), hi
+        alone (`fp8_qk_rounded`), none where K is converted."""
+        return {Fp8Qk.CONVERTED_K: 0, Fp8Qk.SPLIT_Q: 2, Fp8Qk.ROUNDED_Q: 1}[self.fp8_qk]
 
     def box_n(self, key: KernelKey) -> int:
         """Rows per K/V TMA box: one page, or a tile-sized slice of a larger page."""

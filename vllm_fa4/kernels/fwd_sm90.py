@@ -285,7 +285,7 @@ class Sm90PagedPrefill:
         # into two e4m3 halves once a tile (split_q), K never converted.
         self.fp8_qk = key.fp8_kv and cfg.fp8_qk is not Fp8Qk.CONVERTED_K
         # Q's e4m3 parts read: hi and lo (`fp8_qk`) or hi alone (rounded: lo computed, not kept)
-        self.q_parts = 2 if cfg.fp8_qk is Fp8Qk.SPLIT_Q else 1
+        self.q_parts = cfg.q_e4m3_parts
         self.qk_dtype = self.cache_dtype if self.fp8_qk else self.mma_dtype
         self.q_converts = self.mma_dtype is not self.dtype and not self.fp8_qk
         self.staging_stages = cfg.staging_stages(key)

@@ -495,8 +495,8 @@ def q_rounded_to_e4m3(q: torch.Tensor) -> torch.Tensor:
 def q_as_read_by(config: KernelConfig | None, case: PagedCase, q: torch.Tensor) -> torch.Tensor:
     """The queries ``config``'s kernel for ``case``'s key computes with, for a test's
     references: ``q`` itself, or where `fp8_qk_rounded` builds (an FP8 cache, head dim 128 or 256)
-    Q rounded to e4m3 as that kernel rounds it (q_rounded_to_e4m3). None: the serving picks
-    (never it). The key is read only for that config (a fuzz shape may have none)."""
+    Q rounded to e4m3 as that kernel rounds it (q_rounded_to_e4m3). None: the exact mode's
+    serving picks (never it). The key is read only for that config (a fuzz shape may have none)."""
     if config is None or config.fp8_qk is not Fp8Qk.ROUNDED_Q:
         return q
     key = case.key
