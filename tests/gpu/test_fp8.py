@@ -119,25 +119,30 @@ class _Backend:
     def __init__(self, backend_cls, config, case, layer_name="layer.0"):
         from vllm.model_executor.layers.quantization.input_quant_fp8 import QuantFP8
         from vllm.model_executor.layers.quantization.utils.quant_utils import GroupShape
-        from vllm.v1.kv_cache_interface import FullAttentionSpec
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
+        window = None if case.window_left is None else case.window_left + 1  # vLLM's spelling
         self.impl = backend_cls.get_impl_cls()(
             case.num_q_heads,
             case.head_dim,
             case.softmax_scale,
             case.num_kv_heads,
             None,
-            None,
+            window,
             "fp8",
         )
         register_layer(config, layer_name, self.impl)
-        spec = FullAttentionSpec(
+        shape = dict(
             block_size=case.page_size,
             num_kv_heads=case.num_kv_heads,
             head_size=case.head_dim,
             dtype=torch.uint8,  # vLLM's fp8 cache tensor
             **_fp8_quant_mode(),
         )
+        if window is None:
+            spec = FullAttentionSpec(**shape)
+        else:
+            spec = SlidingWindowSpec(**shape, sliding_window=window)
         self.builder = backend_cls.get_builder_cls()(
             spec, [layer_name], config, torch.device("cuda")
         )
@@ -265,15 +270,17 @@ def test_backend_with_fp8_cache(fp8_vllm_config, monkeypatch, seed, route):
         assert ours <= theirs, (float(ours), float(theirs))
 
 
-@pytest.mark.parametrize("head_dim,hq,hkv", [(128, 32, 8), (256, 16, 8)])
+@pytest.mark.parametrize(
+    "head_dim,hq,hkv,window_left", [(128, 32, 8, None), (128, 32, 8, 4095), (256, 16, 8, None)]
+)
 def test_backend_e4m3_query_serves_q_rounded_on_long_batches(
-    fp8_vllm_config, monkeypatch, head_dim, hq, hkv
+    fp8_vllm_config, monkeypatch, head_dim, hq, hkv, window_left
 ):
     """``VLLM_FA4_FP8_QUERY=e4m3`` end to end (environment, builder, plan, kernel): a long
-    prefill batch runs the rounded-Q pick (`fp8_qk_rounded`); its rows meet the error rule
-    against the reference that reads Q as the kernel rounds it, and its mean error against
-    the 16-bit reference is no larger than FLASH_ATTN-FP8's (its measured price: 0.875x,
-    docs/perf-notes.md session 34)."""
+    prefill batch (head dim 128 with and without a 4k window, 256 without) runs the rounded-Q
+    pick (`fp8_qk_rounded`); its rows meet the error rule against the reference that reads Q
+    as the kernel rounds it, and its mean error against the 16-bit reference is no larger
+    than FLASH_ATTN-FP8's (its measured price: 0.875x, docs/perf-notes.md session 34)."""
     from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
 
     from vllm_fa4 import envs
@@ -284,21 +291,34 @@ def test_backend_e4m3_query_serves_q_rounded_on_long_batches(
     from vllm_fa4.testing.checks import assert_attention_close
 
     page = 16
+    window = window_left is not None
     _skip_unless_the_kernel_reads(
-        KernelKey.for_layer(torch.bfloat16, head_dim, page, hq, hkv, kv_dtype=FP8)
+        KernelKey.for_layer(
+            torch.bfloat16, head_dim, page, hq, hkv, sliding_window=window, kv_dtype=FP8
+        )
     )
     monkeypatch.setenv(envs.FP8_QUERY, "e4m3")
     route_mod.clear_route_cache()
     config = fp8_vllm_config(hq, hkv, head_dim, page)
     specs = [(2048, 2048 + 4096), (1000, 1000 + 3000)]  # long: ~40 key blocks a tile
     case = make_paged_case(
-        specs, hq, hkv, head_dim, page, torch.bfloat16, "cuda", seed=7, fp8_kv=True
+        specs,
+        hq,
+        hkv,
+        head_dim,
+        page,
+        torch.bfloat16,
+        "cuda",
+        seed=7,
+        fp8_kv=True,
+        window_left=window_left,
     )
     cm = common_metadata(case)
     q = case.q.contiguous()
     cache = case.kv_cache.view(torch.uint8).permute(0, 2, 1, 3)  # vLLM's logical view
 
     fa4 = _Backend(FA4AttentionBackend, config, case)
+    assert fa4.builder.kernel_key.sliding_window is window
     assert fa4.builder.kernel_configs.long.fp8_qk is Fp8Qk.ROUNDED_Q
     out_fa4, md = fa4.forward(cm, q, cache)
     assert md.prefill.route == "kernel" and md.prefill.config.fp8_qk is Fp8Qk.ROUNDED_Q

@@ -106,19 +106,21 @@ def test_fp8_qk_serves_long_bf16_batches_at_head_dim_128(page):
 
 def test_e4m3_query_rounds_q_on_long_bf16_batches_only():
     """policy.FP8_E4M3_Q_LONG (VLLM_FA4_FP8_QUERY=e4m3): long batches of bf16 models at head
-    dims 128 and 256 without cap or window round Q (every GQA group builds it); short
-    batches, fp16 models, the cap, the window, head dim 64 and 16-bit caches keep the exact
-    picks."""
+    dims 128 (with and without the window) and 256 (without) round Q when uncapped (every GQA
+    group builds it); short batches, fp16 models, the cap, head dim 256's window, head dim 64
+    and 16-bit caches keep the exact picks."""
     from vllm_fa4.kernels.config import Fp8Qk
     from vllm_fa4.paged_prefill.policy import Fp8Query
 
     def both(key):
         return serving_configs(key), serving_configs(key, fp8_query=Fp8Query.E4M3)
 
-    for hd in (128, 256):
+    for hd, window in ((128, False), (128, True), (256, False)):
         for page in (16, 32, 128):
             for group in (1, 2, 3, 4, 7, 8):
-                key = KernelKey("bfloat16", hd, page, group, kv_dtype=FP8_E4M3)
+                key = KernelKey(
+                    "bfloat16", hd, page, group, sliding_window=window, kv_dtype=FP8_E4M3
+                )
                 exact, rounded = both(key)
                 assert rounded.long.fp8_qk is Fp8Qk.ROUNDED_Q, key
                 assert rounded.long.unsupported_reason(key) is None, key
@@ -127,7 +129,7 @@ def test_e4m3_query_rounds_q_on_long_bf16_batches_only():
         KernelKey("float16", 128, 16, 4, kv_dtype=FP8_E4M3),
         fp8_key(128, softcap=True),
         fp8_key(256, page=128, softcap=True),
-        fp8_key(128, sliding_window=True),
+        fp8_key(128, sliding_window=True, softcap=True),
         fp8_key(256, sliding_window=True),
         fp8_key(64),
         KernelKey("bfloat16", 128, 16, 4),

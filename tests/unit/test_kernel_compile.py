@@ -1,7 +1,7 @@
 """Compile-only tests for the SM90 prefill kernel (CPU, no GPU needed).
 
 The default run (scripts/test.sh) compiles one kernel per config family serving can launch
-(``test_compile_served_config_family``: 41 with the FP8 families and the odd GQA groups'
+(``test_compile_served_config_family``: 42 with the FP8 families and the odd GQA groups'
 fallbacks). The full matrix, marker ``compile_matrix`` (deselected by default; .ci/run runs
 it), compiles every key with every config serving can launch for it and the model-feature
 keys: ``pytest -m compile_matrix``, 79 tests (about 1.5 minutes on 2 idle cores of the
