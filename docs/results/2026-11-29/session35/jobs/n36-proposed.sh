@@ -19,5 +19,14 @@ run n36-race-cap 150 env VLLM_FA4_VARIANT=$A $CS --tool racecheck python3 tools/
 run n36-cap-256 200 python3 benchmarks/fp8_ab.py -j 14 --models gemma-2-9b --softcap 50 --pages 16,128 --rounds 5 --cases $C --fp8-variants "default $A"
 run n36-cap-256w 200 python3 benchmarks/fp8_ab.py -j 14 --models gemma-2-9b --softcap 50 --window-left 4095 --pages 16,128 --rounds 5 --cases $C --fp8-variants "default $A"
 run n36-cap-acc 100 python3 benchmarks/fp8_ab.py -j 14 --accuracy --models gemma-2-9b --softcap 50 --pages 16,128 --fp8-variants "default $A"
-# 2. (main, H100 only) issue 30's second GPU: session 35's jobs n35a.sh (kernels, sanitizers) and
-#    n35b.sh (the mode served at 64k; 32k with ORDER=FLASH_ATTN,FA4 CASES=32768:24 TAG=32k)
+# 2. (main, H100 only) issue 30's second GPU: the e4m3 kernels against FA3-FP8, then the mode
+#    served (one pair a call: 64k ~420 s with the first engine's start, 32k ~280 s)
+W=queue+overlap+fp8_qk_rounded
+if [ "$G" = h100 ]; then
+  run n36-e4m3-128 200 python3 benchmarks/fp8_ab.py -j 14 --models llama-3.1-8b --pages 16,128 --rounds 5 --cases $C --fp8-variants "default $R"
+  run n36-e4m3-128w 200 python3 benchmarks/fp8_ab.py -j 14 --models llama-3.1-8b --window-left 4095 --pages 16,128 --rounds 5 --cases $C --fp8-variants "default $W"
+  run n36-e4m3-256 200 python3 benchmarks/fp8_ab.py -j 14 --models gemma-2-9b --pages 16,128 --rounds 5 --cases $C --fp8-variants "default $A"
+  # next calls, one each:
+  # run n36-serve-e4m3-64k 560 env VLLM_FA4_FP8_QUERY=e4m3 python3 benchmarks/serving.py throughput --model configs/llama-3.1-8b --backends FA4,FLASH_ATTN --cases 65536:10 --extra-args=--kv-cache-dtype=fp8 --budget-s 550 --out $OUT/serve-e4m3-64k
+  # run n36-serve-e4m3-32k 560 env VLLM_FA4_FP8_QUERY=e4m3 python3 benchmarks/serving.py throughput --model configs/llama-3.1-8b --backends FLASH_ATTN,FA4 --cases 32768:24 --extra-args=--kv-cache-dtype=fp8 --budget-s 550 --out $OUT/serve-e4m3-32k
+fi
