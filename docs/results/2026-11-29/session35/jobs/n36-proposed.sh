@@ -30,3 +30,9 @@ if [ "$G" = h100 ]; then
   # run n36-serve-e4m3-64k 560 env VLLM_FA4_FP8_QUERY=e4m3 python3 benchmarks/serving.py throughput --model configs/llama-3.1-8b --backends FA4,FLASH_ATTN --cases 65536:10 --extra-args=--kv-cache-dtype=fp8 --budget-s 550 --out $OUT/serve-e4m3-64k
   # run n36-serve-e4m3-32k 560 env VLLM_FA4_FP8_QUERY=e4m3 python3 benchmarks/serving.py throughput --model configs/llama-3.1-8b --backends FLASH_ATTN,FA4 --cases 32768:24 --extra-args=--kv-cache-dtype=fp8 --budget-s 550 --out $OUT/serve-e4m3-32k
 fi
+# 3. (main, any GPU) the exact mode's 4k window at head dim 128, whose 4kx4 ran 0.93-0.94x
+#    FA3-FP8 (session 35, the last exact FP8 rows below it): Q split exactly (`fp8_qk`) as the
+#    unwindowed rows. Prediction (docs/perf-notes.md, session 35's Next): `queue+overlap+fp8_qk`
+#    +1 to +4 % over the exact window pick, the unwindowed exact long pick +2 to +6 %; 4kx4 at
+#    page 16 stays below 1.00 unless it gains 7 %.
+run n36-exact-128w 200 python3 benchmarks/fp8_ab.py -j 14 --models llama-3.1-8b --window-left 4095 --pages 16,128 --rounds 5 --cases $C --fp8-variants "default queue+overlap+fp8_qk queue_with_work+pv_wait_mid+q_tma+lazy_max+fp8_qk"
