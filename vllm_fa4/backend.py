@@ -70,8 +70,8 @@ FP8_E4M3_QUERY_WARNING = (
     "FP8 GEMM; P V, softmax and accumulation as before): measured 1.12x FLASH_ATTN's FP8 "
     "prefill at head dim 128 (1.29x with a 4k window) and 1.6-2.0x at 256, served 32k / 64k "
     "prompts 1.07x / 1.09x (H200, docs/perf-notes.md, sessions 34-35), with a mean error 0.88x "
-    "FLASH_ATTN-FP8's against "
-    f"16-bit values, not 16-bit attention's. Unset {envs.FP8_QUERY} for 16-bit Q on the FP8 cache"
+    "FLASH_ATTN-FP8's against 16-bit values, not 16-bit attention's. "
+    f"Unset {envs.FP8_QUERY} for 16-bit Q on the FP8 cache"
 )
 _fp8_warned = False
 

@@ -263,11 +263,12 @@ class Fp8Query(enum.Enum):
 # with the 4k window, the window's row with it (session 35, two runs, pages 16 and 128): 1.291
 # / 1.291x (lowest 1.038; the exact pick 1.165 / 1.151, lowest 0.930), `queue+pv_wait_mid+
 # lazy_max` with it a tie (1.294 / 1.297). fp16 models and the cap don't build it.
+_E4M3_Q_128 = "queue_with_work+pv_wait_mid+q_tma+lazy_max+fp8_qk_rounded"
 _E4M3_Q_128_WINDOW = "queue+overlap+fp8_qk_rounded"
 _E4M3_Q_256 = "queue+overlap+lazy_max+fp8_qk_rounded"
 FP8_E4M3_Q_LONG: dict[tuple[int, bool, bool], str] = {
-    (128, False, False): "queue_with_work+pv_wait_mid+q_tma+lazy_max+fp8_qk_rounded",
-    (128, False, True): "queue_with_work+pv_wait_mid+q_tma+lazy_max+fp8_qk_rounded",
+    (128, False, False): _E4M3_Q_128,
+    (128, False, True): _E4M3_Q_128,
     (128, True, False): _E4M3_Q_128_WINDOW,
     (128, True, True): _E4M3_Q_128_WINDOW,
     (256, False, False): _E4M3_Q_256,
