@@ -69,15 +69,16 @@ def test_configs_the_fp8_kernel_does_not_build(spec, words):
         (KernelKey("bfloat16", 128, 16, 4), "'{qk}' without an fp8 KV cache"),
         (KernelKey("float16", 128, 16, 4, kv_dtype=FP8_E4M3), "float16 model (bfloat16 only)"),
         (fp8_key(64), "'{qk}' at head dim 64"),
-        (fp8_key(128, softcap=True), "'{qk}' with a soft cap"),
     ],
 )
 def test_fp8_qk_builds_where_it_was_measured_only(qk, key, words):
-    """Q's split into two e4m3 parts holds a bf16 value, not an fp16 one; the cap needs S
-    itself; head dim 64 was never measured (Q rounded once: the same kernel)."""
+    """Q's split into two e4m3 parts holds a bf16 value, not an fp16 one; head dim 64 was
+    never measured (Q rounded once: the same kernel). The soft cap builds: the rows' Q scales
+    ride in the cap's prescale (tanh's input) instead of the softmax scale."""
     config = KernelConfig.parse(f"queue+pv_wait_mid+lazy_max+{qk}")
     assert words.format(qk=qk) in config.unsupported_reason(key)
     assert config.unsupported_reason(fp8_key(128, page=128, sliding_window=True)) is None
+    assert config.unsupported_reason(fp8_key(128, softcap=True)) is None
     # head dim 256: the split's two Q parts (64 KB) do not fit beside the K/V rings, one does
     at_256 = config.unsupported_reason(fp8_key(256))
     assert (at_256 is None) == (qk == "fp8_qk_rounded"), at_256

@@ -541,9 +541,6 @@ class KernelConfig:
         if key.head_dim not in built:
             dims = " and ".join(map(str, built))
             return f"{name} at head dim {key.head_dim} (built for head dim {dims})"
-        if key.softcap:
-            # the cap needs S itself before the mask; the row scale rides in scale_log2
-            return f"{name} with a soft cap"
         if key.dtype != "bfloat16":
             # a bf16 value's 8 significant bits fit two e4m3 parts; fp16's 11 would need a
             # third (the fp16 rows failed the error rule with two: 1.7x the mean bound)

@@ -81,9 +81,9 @@ from vllm_fa4.kernels.softmax import (
     LOG2_E,
     acc_as_operand_a,
     acc_rows_view,
-    apply_softcap,
     rescale_needed,
     scale_rows,
+    softcap_for,
     softmax_head,
     softmax_rest,
     softmax_step,
@@ -1354,7 +1354,8 @@ class Sm90PagedPrefill:
     ):
         """`fp8_qk`: this warpgroup's 64 rows of Q (16-bit, landed) -> their e4m3 halves in sQ8
         and power-of-two row scales p (fp8_kv.split_pair: hi + lo = q / p); fills
-        rows_scale_log2 with this thread's accumulator rows' scale_log2 * p; with
+        rows_scale_log2 with this thread's accumulator rows' scale_log2 * p (with a soft cap
+        the caller passes the cap's prescale as scale_log2: tanh's input needs p); with
         `fp8_qk_rounded` the hi halves alone (Q rounded to e4m3). The previous tile's Q K^T
         have completed (their waits), so sQ8 and the scales are free."""
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
@@ -1488,7 +1489,7 @@ class Sm90PagedPrefill:
         window_left, softcap_prescale = feats
         cap = None
         if cutlass.const_expr(softcap_prescale is not None):
-            cap = partial(apply_softcap, acc_S, softcap_prescale)
+            cap = partial(softcap_for(softcap_prescale), acc_S, softcap_prescale)
         # With the softmax in the arms the cap goes there too, beside the mask and the row
         # max, where its tanh stream interleaves with them (2026-11-27, session 11: +1 to
         # +8 % on capped head-dim-256 keys with turns, -1.5 to +3.9 % without, H100).
@@ -1561,18 +1562,24 @@ class Sm90PagedPrefill:
             self.convert_q(sQ, sQ_mma, tidx, wg)
         if cutlass.const_expr(self.fp8_qk):
             # S comes out of the GEMM divided by each row's Q scale: fold it into the rows'
-            # softmax scale (and so into their LSE), filled by the split.
-            rows_scale_log2 = cute.make_rmem_tensor(num_rows, Float32)
+            # softmax scale (and so into their LSE), or with a soft cap into the cap's prescale
+            # (tanh takes S itself; the cap's own factor stays in scale_log2), by the split.
+            capped = softcap_prescale is not None
+            factor = softcap_prescale if capped else scale_log2
+            rows_factor = cute.make_rmem_tensor(num_rows, Float32)
             # A tile without blocks never splits (Q by TMA lands with its first K): its rows
             # keep the scalar scale, so an empty row's -inf max times it stays -inf (sinks).
-            rows_scale_log2.fill(scale_log2)
+            rows_factor.fill(factor)
             stage_q = sQ[None, None, q_stage] if cutlass.const_expr(self.q_tma) else sQ
-            split = (stage_q, *args.q_split, g.tScS, scale_log2, rows_scale_log2, tidx, wg)
+            split = (stage_q, *args.q_split, g.tScS, factor, rows_factor, tidx, wg)
             if cutlass.const_expr(self.q_tma):  # Q lands with the first K: first_block
                 convert_q = partial(self.split_q, *split)
             else:
                 self.split_q(*split)
-            scale_log2 = rows_scale_log2
+            if cutlass.const_expr(capped):
+                softcap_prescale = rows_factor
+            else:
+                scale_log2 = rows_factor
         next_tile = Int32(0)  # q_prefetch only
         if cutlass.const_expr(clock is not None):
             # Q has landed (Q by TMA: with the first K, in the first block)
@@ -1803,7 +1810,7 @@ class Sm90PagedPrefill:
         tScS, work, diag, row_max, row_sum, row_scale, scale_log2, feats = softmax_args
         window_left, softcap_prescale = feats
         if cutlass.const_expr(softcap_prescale is not None):
-            apply_softcap(acc_S, softcap_prescale)
+            softcap_for(softcap_prescale)(acc_S, softcap_prescale)
         self.mask(acc_S, tScS, n_block, work, diag, window_left)
         softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, True, self.cfg.lazy_max)
 

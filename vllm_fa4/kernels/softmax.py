@@ -231,3 +231,18 @@ def scale_rows(acc_O: cute.Tensor, row_scale: cute.Tensor):
     for i in cutlass.range_constexpr(cute.size(oO, mode=[0])):
         for j in cutlass.range_constexpr(cute.size(oO, mode=[1])):
             oO[i, j] = oO[i, j] * row_scale[i]
+
+
+@cute.jit
+def apply_softcap_rows(acc_S: cute.Tensor, prescale: cute.Tensor):
+    """apply_softcap with one prescale per accumulator row (`fp8_qk`: S came out of the GEMM
+    divided by each row's Q scale, which its prescale carries)."""
+    sS = acc_rows_view(acc_S)
+    for i in cutlass.range_constexpr(cute.size(sS, mode=[0])):
+        for j in cutlass.range_constexpr(cute.size(sS, mode=[1])):
+            sS[i, j] = cute.math.tanh(sS[i, j] * prescale[i], fastmath=True)
+
+
+def softcap_for(prescale):
+    """The soft cap for a scalar prescale or a per-row one (row_scale_log2's two forms)."""
+    return apply_softcap_rows if isinstance(prescale, cute.Tensor) else apply_softcap
