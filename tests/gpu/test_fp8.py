@@ -130,6 +130,7 @@ class _Backend:
             None,
             window,
             "fp8",
+            logits_soft_cap=case.softcap,
         )
         register_layer(config, layer_name, self.impl)
         shape = dict(
@@ -271,16 +272,25 @@ def test_backend_with_fp8_cache(fp8_vllm_config, monkeypatch, seed, route):
 
 
 @pytest.mark.parametrize(
-    "head_dim,hq,hkv,window_left", [(128, 32, 8, None), (128, 32, 8, 4095), (256, 16, 8, None)]
+    "head_dim,hq,hkv,window_left,softcap",
+    [
+        (128, 32, 8, None, None),
+        (128, 32, 8, 4095, None),
+        (256, 16, 8, None, None),
+        (256, 16, 8, None, 50.0),  # Gemma 2's global layers
+        (256, 16, 8, 4095, 50.0),  # and its local ones
+        (256, 16, 8, 1023, None),  # Gemma 3's local layers
+    ],
 )
 def test_backend_e4m3_query_serves_q_rounded_on_long_batches(
-    fp8_vllm_config, monkeypatch, head_dim, hq, hkv, window_left
+    fp8_vllm_config, monkeypatch, head_dim, hq, hkv, window_left, softcap
 ):
     """``VLLM_FA4_FP8_QUERY=e4m3`` end to end (environment, builder, plan, kernel): a long
-    prefill batch (head dim 128 with and without a 4k window, 256 without) runs the rounded-Q
-    pick (`fp8_qk_rounded`); its rows meet the error rule against the reference that reads Q
-    as the kernel rounds it, and its mean error against the 16-bit reference is no larger
-    than FLASH_ATTN-FP8's (its measured price: 0.875x, docs/perf-notes.md session 34)."""
+    prefill batch (head dim 128 with and without a 4k window; 256 with and without a window
+    and Gemma 2's soft cap) runs the rounded-Q pick (`fp8_qk_rounded`); its rows meet the
+    error rule against the reference that reads Q as the kernel rounds it, and its mean error
+    against the 16-bit reference is no larger than FLASH_ATTN-FP8's (its measured price:
+    0.875x, docs/perf-notes.md session 34)."""
     from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
 
     from vllm_fa4 import envs
@@ -294,7 +304,14 @@ def test_backend_e4m3_query_serves_q_rounded_on_long_batches(
     window = window_left is not None
     _skip_unless_the_kernel_reads(
         KernelKey.for_layer(
-            torch.bfloat16, head_dim, page, hq, hkv, sliding_window=window, kv_dtype=FP8
+            torch.bfloat16,
+            head_dim,
+            page,
+            hq,
+            hkv,
+            sliding_window=window,
+            softcap=softcap is not None,
+            kv_dtype=FP8,
         )
     )
     monkeypatch.setenv(envs.FP8_QUERY, "e4m3")
@@ -312,6 +329,7 @@ def test_backend_e4m3_query_serves_q_rounded_on_long_batches(
         seed=7,
         fp8_kv=True,
         window_left=window_left,
+        softcap=softcap,
     )
     cm = common_metadata(case)
     q = case.q.contiguous()
@@ -319,6 +337,7 @@ def test_backend_e4m3_query_serves_q_rounded_on_long_batches(
 
     fa4 = _Backend(FA4AttentionBackend, config, case)
     assert fa4.builder.kernel_key.sliding_window is window
+    assert fa4.builder.kernel_key.softcap is (softcap is not None)
     assert fa4.builder.kernel_configs.long.fp8_qk is Fp8Qk.ROUNDED_Q
     out_fa4, md = fa4.forward(cm, q, cache)
     assert md.prefill.route == "kernel" and md.prefill.config.fp8_qk is Fp8Qk.ROUNDED_Q

@@ -107,20 +107,28 @@ def test_fp8_qk_serves_long_bf16_batches_at_head_dim_128(page):
 
 def test_e4m3_query_rounds_q_on_long_bf16_batches_only():
     """policy.FP8_E4M3_Q_LONG (VLLM_FA4_FP8_QUERY=e4m3): long batches of bf16 models at head
-    dims 128 (with and without the window) and 256 (without) round Q when uncapped (every GQA
-    group builds it); short batches, fp16 models, the cap, head dim 256's window, head dim 64
-    and 16-bit caches keep the exact picks."""
+    dims 128 (with and without the window, uncapped) and 256 (with and without the window and
+    the cap: Gemma 2 and 3) round Q (every GQA group builds it); short batches, fp16 models,
+    head dim 128 with the cap, head dim 64 and 16-bit caches keep the exact picks."""
     from vllm_fa4.kernels.config import Fp8Qk
     from vllm_fa4.paged_prefill.policy import Fp8Query
 
     def both(key):
         return serving_configs(key), serving_configs(key, fp8_query=Fp8Query.E4M3)
 
-    for hd, window in ((128, False), (128, True), (256, False)):
+    rows = [(128, False, False), (128, True, False)]
+    rows += [(256, window, cap) for window in (False, True) for cap in (False, True)]
+    for hd, window, cap in rows:
         for page in (16, 32, 128):
             for group in (1, 2, 3, 4, 7, 8):
                 key = KernelKey(
-                    "bfloat16", hd, page, group, sliding_window=window, kv_dtype=FP8_E4M3
+                    "bfloat16",
+                    hd,
+                    page,
+                    group,
+                    sliding_window=window,
+                    softcap=cap,
+                    kv_dtype=FP8_E4M3,
                 )
                 exact, rounded = both(key)
                 assert rounded.long.fp8_qk is Fp8Qk.ROUNDED_Q, key
@@ -128,13 +136,12 @@ def test_e4m3_query_rounds_q_on_long_bf16_batches_only():
                 assert rounded.short == exact.short and exact.long.fp8_qk is not Fp8Qk.ROUNDED_Q
     for key in (
         KernelKey("float16", 128, 16, 4, kv_dtype=FP8_E4M3),
+        KernelKey("float16", 256, 16, 2, softcap=True, kv_dtype=FP8_E4M3),
         fp8_key(128, softcap=True),
-        fp8_key(256, page=128, softcap=True),
         fp8_key(128, sliding_window=True, softcap=True),
-        fp8_key(256, sliding_window=True),
         fp8_key(64),
         KernelKey("bfloat16", 128, 16, 4),
-        KernelKey("bfloat16", 256, 128, 2),
+        KernelKey("bfloat16", 256, 128, 2, softcap=True),
     ):
         exact, rounded = both(key)
         assert rounded == exact, key
