@@ -65,12 +65,13 @@ FP8_PREFILL_SPEED_WARNING = (
 )
 # VLLM_FA4_FP8_QUERY=e4m3 (opt-in): what the user traded, said once at startup.
 FP8_E4M3_QUERY_WARNING = (
-    f"FA4: {envs.FP8_QUERY}=e4m3: long prefill batches of bf16 models at head dims 128 and 256 "
-    "(no soft cap; at 256 no window) read the FP8 cache with Q rounded to e4m3 for Q K^T (one "
-    "FP8 GEMM; P V, softmax and accumulation as before): measured 1.12x FLASH_ATTN's FP8 "
-    "prefill at head dim 128 (1.29x with a 4k window) and 1.6-2.0x at 256, served 32k / 64k "
-    "prompts 1.07x / 1.09x (H200, docs/perf-notes.md, sessions 34-35), with a mean error 0.88x "
-    "FLASH_ATTN-FP8's against 16-bit values, not 16-bit attention's. "
+    f"FA4: {envs.FP8_QUERY}=e4m3: long prefill batches of bf16 models at head dims 128 (no "
+    "soft cap) and 256 (windows and Gemma 2's soft cap included) read the FP8 cache with Q "
+    "rounded to e4m3 for Q K^T (one FP8 GEMM; P V, softmax and accumulation as before): "
+    "measured 1.12x FLASH_ATTN's FP8 prefill at head dim 128 (1.29x with a 4k window) and "
+    "1.4-2.0x at 256, served 32k / 64k prompts 1.07x / 1.09x (H200, docs/perf-notes.md, "
+    "sessions 34-36), with a mean error 0.87-0.90x FLASH_ATTN-FP8's against 16-bit values, "
+    "not 16-bit attention's. "
     f"Unset {envs.FP8_QUERY} for 16-bit Q on the FP8 cache"
 )
 _fp8_warned = False

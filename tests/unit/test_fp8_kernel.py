@@ -88,16 +88,17 @@ def test_fp8_qk_builds_where_it_was_measured_only(qk, key, words):
 
 @pytest.mark.parametrize("page", [16, 128])
 def test_fp8_qk_serves_long_bf16_batches_at_head_dim_128(page):
-    """policy.FP8_BF16_LONG: bf16 models' long batches split Q; fp16 models, soft-capped keys
-    and short batches keep the converted picks of FP8_TABLE."""
+    """policy.FP8_BF16_LONG: bf16 models' long batches split Q, with and without the window;
+    fp16 models, soft-capped keys and short batches keep the converted picks of FP8_TABLE."""
     from vllm_fa4.kernels.config import Fp8Qk
 
-    bf16 = serving_configs(fp8_key(128, page))
-    assert bf16.long.fp8_qk is Fp8Qk.SPLIT_Q and bf16.short.fp8_qk is Fp8Qk.CONVERTED_K
+    for window in (False, True):
+        bf16 = serving_configs(fp8_key(128, page, sliding_window=window))
+        assert bf16.long.fp8_qk is Fp8Qk.SPLIT_Q and bf16.short.fp8_qk is Fp8Qk.CONVERTED_K
     for key in (
         KernelKey("float16", 128, page, 4, kv_dtype=FP8_E4M3),
         fp8_key(128, page, softcap=True),
-        fp8_key(128, page, sliding_window=True),
+        fp8_key(128, page, sliding_window=True, softcap=True),
         fp8_key(64, page),
     ):
         configs = serving_configs(key)
