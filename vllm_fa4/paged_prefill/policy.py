@@ -204,6 +204,8 @@ FP8_TABLE: dict[tuple[int, bool, bool], tuple[str, str]] = {
         "queue+overlap+mma_wgs=3",
         WINDOW_64_SHORT_FP8,
     ),
+    # Head dim 128's long picks here are fp16 models' (and capped keys'); bf16 models split Q
+    # on long batches (FP8_BF16_LONG below, windowed rows too since session 36).
     (128, False, False): ("queue+pv_wait_mid+pages_ahead+lazy_max", HD128_SHORT_FP8),
     (128, False, True): ("queue+pv_wait_mid+lazy_max", HD128_SHORT_FP8),
     (128, True, False): ("queue+overlap", "queue+overlap"),
