@@ -277,20 +277,14 @@ class Fp8Query(enum.Enum):
 _E4M3_Q_128 = "queue_with_work+pv_wait_mid+q_tma+lazy_max+fp8_qk_rounded"
 _E4M3_Q_128_WINDOW = "queue+overlap+fp8_qk_rounded"
 _E4M3_Q_256 = "queue+overlap+lazy_max+fp8_qk_rounded"
-# (head dim, sliding window, page size >= LONG_BATCH_MIN_PAGE, soft cap) -> long batches' pick
-FP8_E4M3_Q_LONG: dict[tuple[int, bool, bool, bool], str] = {
-    (128, False, False, False): _E4M3_Q_128,
-    (128, False, True, False): _E4M3_Q_128,
-    (128, True, False, False): _E4M3_Q_128_WINDOW,
-    (128, True, True, False): _E4M3_Q_128_WINDOW,
-    (256, False, False, False): _E4M3_Q_256,
-    (256, False, True, False): _E4M3_Q_256,
-    (256, False, False, True): _E4M3_Q_256,
-    (256, False, True, True): _E4M3_Q_256,
-    (256, True, False, False): _E4M3_Q_256,
-    (256, True, True, False): _E4M3_Q_256,
-    (256, True, False, True): _E4M3_Q_256,
-    (256, True, True, True): _E4M3_Q_256,
+# (head dim, sliding window, soft cap) -> long batches' pick, at every page size
+FP8_E4M3_Q_LONG: dict[tuple[int, bool, bool], str] = {
+    (128, False, False): _E4M3_Q_128,
+    (128, True, False): _E4M3_Q_128_WINDOW,
+    (256, False, False): _E4M3_Q_256,
+    (256, False, True): _E4M3_Q_256,
+    (256, True, False): _E4M3_Q_256,
+    (256, True, True): _E4M3_Q_256,
 }
 
 # Long-batch picks for one page size and soft cap, over the table's row (16-bit caches only).
@@ -418,12 +412,14 @@ def serving_configs(
     row = (key.head_dim, key.sliding_window, key.page_size >= LONG_BATCH_MIN_PAGE)
     table = _PARSED_FP8 if key.fp8_kv else _PARSED
     long, short = table.get(row, (DEFAULT_CONFIG, DEFAULT_CONFIG))
-    if key.fp8_kv and key.dtype == "bfloat16" and not key.softcap:
-        long = _PARSED_FP8_BF16_LONG.get(row, long)
-    if key.fp8_kv and key.dtype == "bfloat16" and fp8_query is Fp8Query.E4M3:
-        rounded = _PARSED_FP8_E4M3_Q_LONG.get((*row, key.softcap))
-        if rounded is not None and _fit_group(rounded, key).unsupported_reason(key) is None:
-            long = rounded
+    if key.fp8_kv and key.dtype == "bfloat16":
+        if not key.softcap:
+            long = _PARSED_FP8_BF16_LONG.get(row, long)
+        if fp8_query is Fp8Query.E4M3:
+            feats = (key.head_dim, key.sliding_window, key.softcap)
+            rounded = _PARSED_FP8_E4M3_Q_LONG.get(feats)
+            if rounded is not None and _fit_group(rounded, key).unsupported_reason(key) is None:
+                long = rounded
     if not key.fp8_kv:
         by_page = (key.head_dim, key.sliding_window, key.page_size, key.softcap)
         long = _PARSED_BY_PAGE.get(by_page, long)
