@@ -686,7 +686,29 @@ def earlier_records(args, path: Path, backends: list[str]) -> tuple[list[dict], 
 THROUGHPUT_METRICS = (
     ("tokens_per_second", "Total tokens/s (`bench throughput`, output 1; higher is better)", 0),
     ("requests_per_second", "Requests/s", 2),
+    (
+        "steady_input_tps",
+        "Input tokens/s at three quarters of the prompts (vLLM's progress bar: the run "
+        "without its last prompts, which move a small run's total by several percent)",
+        0,
+    ),
 )
+# vLLM's offline progress bar: "... 18/24 [00:10<00:03, 1.61it/s, est. speed input: 55561.42
+# toks/s, ..." (tqdm, updates separated by carriage returns)
+_PROGRESS = re.compile(r"(\d+)/(\d+) \[[^\]]*?est\. speed input: ([\d.]+) toks/s")
+STEADY_SHARE = 0.75
+
+
+def steady_input_rate(log_text: str, share: float = STEADY_SHARE) -> float | None:
+    """vLLM's running input rate at its last progress update with at most ``share`` of the
+    prompts done, or None when the log has no such update. At 24 prompts of 32k the last six
+    moved gpt-oss-20b's totals by up to 9 % between runs whose rates at 75 % agreed within
+    1.4 % (docs/perf-notes.md, session 37): a steady figure to read beside the total."""
+    rate = None
+    for done, total, value in _PROGRESS.findall(log_text):
+        if 0 < int(done) <= share * int(total):
+            rate = float(value)
+    return rate
 
 
 def round_orders(backends: list[str], rounds: int) -> list[list[str]]:
@@ -769,6 +791,8 @@ def throughput_run(args, backend: str, length: int, n: int, tag: str, out_dir: P
     rec = {"backend": backend, "input_len": length, "num_prompts": n, "error": ""}
     if rc == 0 and out_json.exists():
         rec.update(json.loads(out_json.read_text()))
+        log_text = (out_dir / f"{tag}.log").read_text(errors="replace")
+        rec["steady_input_tps"] = steady_input_rate(log_text)
     else:
         reason = failure_reason(out_dir / f"{tag}.log")
         rec["error"] = f"error: rc {rc}; see {out_dir / tag}.log: {reason}"
@@ -809,9 +833,11 @@ def run_throughput(args, backends: list[str], out_dir: Path) -> int:
                     rec["round"] = rnd
                 records.append(rec)
                 where = f" (round {rnd + 1} of {rounds})" if rounds > 1 else ""
+                steady = rec.get("steady_input_tps")
                 log(
                     f"[{b}] in {length} × {n}{where}: "
                     + (rec["error"] or f"{fmt_num(rec.get('tokens_per_second'))} tok/s")
+                    + (f" (input {fmt_num(steady)} tok/s at 75 % of the prompts)" if steady else "")
                 )
                 write_json(out_dir / "throughput.json", {"meta": meta(args), "records": records})
     keys = ("input_len", "num_prompts")

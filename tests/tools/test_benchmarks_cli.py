@@ -633,6 +633,29 @@ def test_throughput_rounds_report_medians_and_every_ratio():
     assert serving.median_records([plain], keys) == [plain]
 
 
+def test_throughput_reads_the_steady_rate_from_the_progress_bar():
+    """vLLM's progress bar, as `bench throughput` logs it (tqdm updates split by carriage
+    returns): the running input rate at the last update with at most 75 % of the prompts."""
+    bar = (
+        "Processed prompts:   0%|          | 0/24 [00:00<?, ?it/s, est. speed input: 0.00 "
+        "toks/s, output: 0.00 toks/s]\rProcessed prompts:  50%|#####     | 12/24 [00:06<00:06,"
+        "  1.80it/s, est. speed input: 57880.71 toks/s, output: 1.80 toks/s]\rProcessed "
+        "prompts:  75%|#######5  | 18/24 [00:10<00:03,  1.61it/s, est. speed input: 55561.42 "
+        "toks/s, output: 1.70 toks/s]\rProcessed prompts:  79%|#######9  | 19/24 [00:11<00:03, "
+        " 1.60it/s, est. speed input: 55352.13 toks/s, output: 1.69 toks/s]\rProcessed prompts:"
+        " 100%|##########| 24/24 [00:15<00:00,  1.53it/s, est. speed input: 50054.75 toks/s, "
+        "output: 1.53 toks/s]\n"
+    )
+    assert serving.steady_input_rate(bar) == 55561.42
+    assert serving.steady_input_rate(bar, share=0.5) == 57880.71
+    assert serving.steady_input_rate("Throughput: 1.50 requests/s\n") is None
+    # the committed session-37 log gives the figure docs/perf-notes.md quotes
+    log_path = ROOT / "docs/results/2026-11-29/session37/serve-gptoss-32k"
+    text = (log_path / "throughput-FA4-in32768-n24.log").read_text(errors="replace")
+    assert serving.steady_input_rate(text) == 55561.42
+    assert "steady_input_tps" in {m for m, _, _ in serving.THROUGHPUT_METRICS}
+
+
 def test_plugin_found_in_this_interpreter():
     # the package is installed here (CI: the wheel; scripts/test.sh: editable)
     assert serving.plugin_problem() is None
