@@ -51,7 +51,7 @@ from _common import MODELS, attention_flops, one_config_groups, one_config_note 
 from variants_ab import CASES, _softcap, _window_left, mask_header, mask_tag  # noqa: E402
 
 from vllm_fa4.kernels.config import FP8_E4M3, KernelConfig, KernelKey  # noqa: E402
-from vllm_fa4.paged_prefill.policy import serving_configs  # noqa: E402
+from vllm_fa4.paged_prefill.policy import launchable_configs, serving_configs  # noqa: E402
 from vllm_fa4.testing.cases import make_paged_case  # noqa: E402
 
 DT = torch.bfloat16  # the model's dtype (--dtype)
@@ -74,10 +74,11 @@ def _build(entry) -> None:
     get_kernel(*entry)
 
 
-def precompile(models, pages, fp8_variants, jobs: int) -> None:
+def precompile(models, pages, fp8_variants, jobs: int, e4m3_picks: bool = False) -> None:
     """Every kernel the run can launch (each key's serving picks, 16-bit and fp8, and the
-    --fp8-variants), compiled ``jobs`` at a time into the disk cache, where the timed
-    process loads them (tools/precompile.py's way)."""
+    --fp8-variants; with ``e4m3_picks`` the FP8 keys' picks under VLLM_FA4_FP8_QUERY=e4m3
+    too), compiled ``jobs`` at a time into the disk cache, where the timed process loads them
+    (tools/precompile.py's way)."""
     entries = set()
     for model in models:
         shape = MODELS[model]
@@ -97,6 +98,8 @@ def precompile(models, pages, fp8_variants, jobs: int) -> None:
                 configs = set(serving_configs(key).all)
                 if kv is not None:
                     configs |= {c for c in fp8_variants if c is not None}
+                    if e4m3_picks:
+                        configs |= set(launchable_configs(key))
                 entries |= {(key, c, False) for c in configs if c.unsupported_reason(key) is None}
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=jobs) as pool:
@@ -145,7 +148,7 @@ def fa3_fp8_call(case, out):
     return fn
 
 
-def sixteen_bit_source(case):
+def sixteen_bit_source(case, seed: int = 0):
     """The fp8 case's seed without ``fp8_kv``: the 16-bit values its e4m3 cache holds rounded
     (same pages, q, NaN slots)."""
     c = case
@@ -157,14 +160,14 @@ def sixteen_bit_source(case):
         c.page_size,
         DT,
         "cuda",
-        seed=0,
+        seed=seed,
         **FEATURES,
     )
 
 
-def bf16_twin(case):
+def bf16_twin(case, seed: int = 0):
     """A bf16 case with the fp8 case's dequantized values (same pages, q, NaN slots)."""
-    twin = sixteen_bit_source(case)
+    twin = sixteen_bit_source(case, seed)
     twin.kv_cache.copy_(case.dequantized_kv_cache().to(DT))
     return twin
 

@@ -20,8 +20,8 @@ reference on the same cache with the same 16-bit queries (what an exact kernel r
 Contenders: ours-fp8 (``--fp8-variants``: ``default`` the key's serving pick per batch in the
 exact mode; ``e4m3`` the key's ``VLLM_FA4_FP8_QUERY=e4m3`` long pick on every batch; or a
 config spec), FA3-fp8 (what FLASH_ATTN runs with --kv-cache-dtype fp8: Q rounded to e4m3 at
-q_scale 1.0), and ours / FA3 on a bf16 cache holding the dequantized values (16-bit attention
-on the same values: the yardstick).
+q_scale 1.0), and ours / FA3 on fp8_ab.py's bf16 twin holding the dequantized values rounded
+to bf16 (16-bit attention on nearly the same values: the yardstick).
 
   python benchmarks/fp8_needle.py --models llama-3.1-8b --contexts 32k,128k
   python benchmarks/fp8_needle.py --models gemma-2-9b --softcap 50 --fp8-variants "default e4m3"
@@ -36,10 +36,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fp8_ab  # noqa: E402
 from _common import MODELS  # noqa: E402
 from variants_ab import _softcap, _window_left, mask_header, mask_tag  # noqa: E402
 
-from vllm_fa4.kernels.config import FP8_E4M3, KernelConfig, KernelKey  # noqa: E402
+from vllm_fa4.kernels.config import KernelConfig  # noqa: E402
 from vllm_fa4.paged_prefill.policy import Fp8Query, serving_configs  # noqa: E402
 from vllm_fa4.testing.cases import PagedCase, make_paged_case  # noqa: E402
 from vllm_fa4.testing.needles import Readout, plant, read, shares  # noqa: E402
@@ -58,62 +59,9 @@ def resolve_variant(spec: str, case: PagedCase) -> KernelConfig | None:
     return KernelConfig.parse(spec)
 
 
-def precompile(args) -> None:
-    """Every kernel the run launches, ``args.jobs`` compiles at once into the disk cache
-    (fp8_ab.py's way): each FP8 key's exact and e4m3 picks and the variants named, and the
-    16-bit twin's serving picks."""
-    from concurrent.futures import ProcessPoolExecutor
-
-    from fp8_ab import _build
-
-    entries = set()
-    for model in args.models.split(","):
-        shape = MODELS[model]
-        for page in (int(p) for p in args.pages.split(",")):
-            for kv in (None, FP8_E4M3):
-                key = KernelKey.for_layer(
-                    DT,
-                    shape.head_dim,
-                    page,
-                    shape.num_q_heads,
-                    shape.num_kv_heads,
-                    sliding_window=args.window_left is not None,
-                    softcap=args.softcap is not None,
-                    kv_dtype=kv,
-                )
-                configs = set(serving_configs(key).all)
-                if kv is not None:
-                    configs.add(serving_configs(key, fp8_query=Fp8Query.E4M3).long)
-                    named = (s for s in args.fp8_variants.split() if s not in ("default", "e4m3"))
-                    configs |= {KernelConfig.parse(s) for s in named}
-                entries |= {(key, c, False) for c in configs if c.unsupported_reason(key) is None}
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        list(pool.map(_build, sorted(entries, key=repr)))
-    print(f"{len(entries)} kernels compiled or loaded", flush=True)
-
-
-def bf16_twin(case: PagedCase, seed: int) -> PagedCase:
-    """The case's seed without FP8 (the same pages), holding its dequantized values and Q."""
-    twin = make_paged_case(
-        case.specs,
-        case.num_q_heads,
-        case.num_kv_heads,
-        case.head_dim,
-        case.page_size,
-        DT,
-        case.q.device,
-        seed=seed,
-        window_left=case.window_left,
-        softcap=case.softcap,
-    )
-    twin.kv_cache.copy_(case.dequantized_kv_cache().to(DT))
-    twin.q.copy_(case.q)
-    return twin
-
-
 def contenders(case: PagedCase, specs: list[str], seed: int) -> dict:
-    """name -> callable returning the contender's output, in print order."""
-    from fp8_ab import fa3_fp8_call
+    """name -> callable returning the contender's output, in print order (the 16-bit twin
+    from fp8_ab, with the planted Q)."""
 
     def launcher(on: PagedCase, plan):
         out = on.new_out()
@@ -127,14 +75,15 @@ def contenders(case: PagedCase, specs: list[str], seed: int) -> dict:
             name += f" ({config.spec})"
         fns[name] = launcher(case, case.plan(config))
     fa3_out = case.new_out().to(torch.bfloat16)  # FA3-FP8 writes bf16
-    fa3 = fa3_fp8_call(case, fa3_out)
+    fa3 = fp8_ab.fa3_fp8_call(case, fa3_out)
 
     def fa3_fp8():
         fa3()
         return fa3_out
 
     fns["FA3-fp8"] = fa3_fp8
-    twin = bf16_twin(case, seed)
+    twin = fp8_ab.bf16_twin(case, seed)
+    twin.q.copy_(case.q)
     fns["ours-bf16"] = launcher(twin, twin.plan())
     twin_out = twin.new_out()
     fns["FA3-bf16"] = lambda: twin.fa3(twin_out)
@@ -207,7 +156,17 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    precompile(args)
+    # fp8_ab's twin and precompile read the model features from its FEATURES
+    fp8_ab.FEATURES.update(window_left=args.window_left, softcap=args.softcap, sinks=False)
+    named = [s for s in args.fp8_variants.split() if s not in ("default", "e4m3")]
+    variants = [KernelConfig.parse(s) for s in named]
+    fp8_ab.precompile(
+        args.models.split(","),
+        [int(p) for p in args.pages.split(",")],
+        variants,
+        args.jobs,
+        e4m3_picks=True,
+    )
     print(
         f"device={torch.cuda.get_device_name()} kv=float8_e4m3fn queries={args.queries} "
         f"spread={args.spread} mean_scale={args.mean_scale} seed={args.seed} "

@@ -114,6 +114,28 @@ def test_plant_refuses_what_it_cannot_read():
         plant(_case(specs=[(64, 64)]))
 
 
+def test_the_tools_twin_holds_the_planted_case(monkeypatch):
+    """benchmarks/fp8_needle.py's 16-bit contenders run on fp8_ab's twin with the planted Q:
+    the same pages, the dequantized values (the new mean included; rounded to bf16, since the
+    case's scales are not powers of two), the same queries."""
+    import fp8_ab
+
+    def on_cpu(*args, **kwargs):
+        return make_paged_case(*args[:6], "cpu", **kwargs)
+
+    monkeypatch.setattr(fp8_ab, "make_paged_case", on_cpu)
+    monkeypatch.setitem(fp8_ab.FEATURES, "window_left", None)
+    case = _case()
+    plant(case)
+    twin = fp8_ab.bf16_twin(case, seed=3)
+    twin.q.copy_(case.q)
+    assert torch.equal(twin.block_table, case.block_table)
+    blk, off = request_slots(case)
+    want = case.dequantized_kv_cache()[blk, off].to(torch.bfloat16)
+    assert torch.equal(twin.kv_cache[blk, off], want)
+    assert torch.equal(twin.q, case.q)
+
+
 def test_the_tool_names_its_variants_and_refuses_unknown_contexts():
     case = _case()
     assert fp8_needle.resolve_variant("default", case) is None
